@@ -1,0 +1,174 @@
+"""The reward contract and the reward registry.
+
+A reward is a plain batch function::
+
+    def my_reward(completions: list[str], *, my_param: float = 1.0, **columns) -> list[float | None]
+
+`completions` are the texts the model wrote (without the prompt). Dataset columns of the batch
+(``answer``, ``tests``, ``task``, ...) arrive as keyword arguments, one list per column, aligned
+with `completions`. Keyword-only arguments with defaults are the reward's *parameters*: a recipe
+sets them next to the reward's name (``{name: math_accuracy, weight: 1.0, fallback: last_number}``).
+``None`` in the result means "not applicable to this sample": trainers skip it instead of
+teaching it as wrong.
+
+Rewards are found by name through the ``r1kit.rewards`` entry-point group (the built-ins in the
+top-level ``rewards`` package register there too, see pyproject.toml), or by a
+``"package.module:function"`` string for code that is not installed as a package.
+
+This module does not know any particular reward and never imports one by name.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib
+import inspect
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any, Callable
+
+ENTRY_POINT_GROUP = "r1kit.rewards"
+
+RewardFn = Callable[..., list]
+
+
+class RewardError(ValueError):
+    """A reward could not be found, configured, or returned a malformed result."""
+
+
+def available() -> dict[str, str]:
+    """Registered reward names mapped to their ``module:function`` targets."""
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _suggest(name: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(name, choices, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def load(name: str) -> RewardFn:
+    """The function registered as `name`, or imported from a ``module:function`` string."""
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise RewardError(f"reward {name!r}: cannot import module {module_name!r}: {exc}") from exc
+        fn = getattr(module, attr, None)
+        if not callable(fn):
+            raise RewardError(f"reward {name!r}: module {module_name!r} has no function {attr!r}")
+        return fn
+    registered = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    if name not in registered:
+        names = sorted(registered)
+        raise RewardError(
+            f"unknown reward {name!r}{_suggest(name, names)}; registered rewards: {', '.join(names)}; "
+            "or give a 'module:function' path"
+        )
+    return registered[name].load()
+
+
+def parameters(fn: RewardFn) -> dict[str, Any]:
+    """The reward's parameters (keyword-only arguments with defaults) and their defaults."""
+    return {
+        p.name: p.default
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is not inspect.Parameter.empty
+    }
+
+
+def summary(fn: RewardFn) -> str:
+    """The first line of the reward's docstring."""
+    return (inspect.getdoc(fn) or "").strip().split("\n")[0]
+
+
+def _check_type(name: str, key: str, value: Any, default: Any) -> Any:
+    """Parameters take the type of their default; ints are accepted where floats are expected."""
+    if default is None or value is None:
+        return value
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, (list, tuple)):
+        ok = isinstance(value, (list, tuple))
+    else:
+        ok = isinstance(value, type(default))
+    if not ok:
+        raise RewardError(
+            f"reward {name!r}: parameter {key!r} must be {type(default).__name__}, got {value!r}"
+        )
+    return value
+
+
+@dataclass
+class Reward:
+    """A configured reward: a registered function bound to its parameters, with a weight."""
+
+    name: str
+    fn: RewardFn
+    params: dict[str, Any] = field(default_factory=dict)
+    weight: float = 1.0
+
+    def __call__(self, completions: list[str], **columns) -> list[float | None]:
+        scores = self.fn(completions, **self.params, **columns)
+        if not isinstance(scores, list) or len(scores) != len(completions):
+            got = len(scores) if isinstance(scores, list) else type(scores).__name__
+            raise RewardError(
+                f"reward {self.name!r} returned {got} for {len(completions)} completions; "
+                "a reward returns one float or None per completion"
+            )
+        return [None if s is None else float(s) for s in scores]
+
+
+def build(name: str, params: dict[str, Any] | None = None, weight: float = 1.0) -> Reward:
+    """Find reward `name` and bind `params`, checking names and types against its signature."""
+    fn = load(name)
+    allowed = parameters(fn)
+    params = dict(params or {})
+    for key, value in params.items():
+        if key not in allowed:
+            listed = ", ".join(sorted(allowed)) or "none"
+            raise RewardError(
+                f"reward {name!r} has no parameter {key!r}{_suggest(key, list(allowed))}; "
+                f"its parameters: {listed}"
+            )
+        params[key] = _check_type(name, key, value, allowed[key])
+    return Reward(name=name, fn=fn, params=params, weight=float(weight))
+
+
+def for_trl(reward: Reward) -> Callable[..., list[float | None]]:
+    """Adapt a reward to TRL's ``reward_funcs`` calling convention.
+
+    TRL calls ``f(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns)``
+    and names the logged metrics after ``f.__name__``. Conversational completions (lists of
+    messages) are reduced to the assistant's text.
+    """
+
+    @functools.wraps(reward.fn)
+    def call(prompts=None, completions=None, completion_ids=None, trainer_state=None, **columns):
+        texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+        return reward(texts, **columns)
+
+    call.__name__ = reward.name.replace(":", "_").replace(".", "_")
+    return call
+
+
+def score(rewards: list[Reward], completions: list[str], **columns) -> dict[str, list[float | None]]:
+    """Every reward's scores for one batch, by reward name."""
+    return {r.name: r(completions, **columns) for r in rewards}
+
+
+def weighted_total(scores: dict[str, list[float | None]], rewards: list[Reward]) -> list[float]:
+    """Sum of weighted scores per sample; a None score contributes nothing (as in TRL's nansum)."""
+    n = len(next(iter(scores.values()))) if scores else 0
+    totals = [0.0] * n
+    for r in rewards:
+        for i, s in enumerate(scores[r.name]):
+            if s is not None:
+                totals[i] += r.weight * s
+    return totals
