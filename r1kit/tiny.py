@@ -1,0 +1,132 @@
+"""A tiny causal LM and tokenizer, built offline, for tests, benchmarks and CPU demos.
+
+    r1kit tiny-model OUTDIR            # or `model: tiny` in a recipe
+
+Builds a byte-level BPE tokenizer trained on a small built-in corpus (arithmetic, the R1 prompt
+template, English) and a randomly initialised Qwen2-architecture model, and saves both in Hugging
+Face format: `AutoModelForCausalLM.from_pretrained(OUTDIR)` and `AutoTokenizer` load them with no
+network. Same arguments, same seed → identical files.
+
+Details that matter (each would silently break training if wrong):
+- transformers loads a ``qwen2`` tokenizer as Qwen2Tokenizer and rebuilds its pre-tokenizer, so the
+  BPE is trained with Qwen2's normalizer and split regex; token ids survive the reload.
+- ``<think>``, ``</think>``, ``<answer>``, ``</answer>`` are plain added tokens, not special ones:
+  trainers decode completions with ``skip_special_tokens=True`` and special tags would vanish.
+- head_dim stays ≥ 32 (vLLM's CPU attention does not support 16).
+
+It does not build anything that knows a task: the model starts random; recipes teach it.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+TAGS = ["<think>", "</think>", "<answer>", "</answer>"]
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _corpus(seed: int) -> list[str]:
+    rng = random.Random(seed)
+    lines = [
+        "A conversation between User and Assistant. The user asks a question, and the Assistant solves it. "
+        "The assistant first thinks about the reasoning process in the mind and then provides the user with "
+        "the answer. The reasoning process and answer are enclosed within <think> </think> and <answer> "
+        "</answer> tags, respectively. User: What is 12 + 7? Assistant: <think> 12 + 7 = 19 </think> "
+        "<answer> 19 </answer>",
+        "Please reason step by step, and put your final answer within \\boxed{}.",
+        "The answer is \\boxed{42}. Let me add the numbers digit by digit and carry the one.",
+        "def solve(x):\n    return x + 1\n",
+    ]
+    for _ in range(400):
+        a, b = rng.randint(0, 999), rng.randint(0, 999)
+        op = rng.choice("+-*")
+        lines.append(f"What is {a} {op} {b}? {a} {op} {b} = {eval(f'{a}{op}{b}')}. so the answer is {a}")
+    return lines
+
+
+def build_tokenizer(vocab_size: int = 400, seed: int = 0):
+    """A byte-level BPE tokenizer with Qwen2's pre-tokenization, the R1 tags and a chat template."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(seed), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+    )
+    fast.add_tokens(TAGS)  # plain tokens: they survive skip_special_tokens=True
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_tiny_model(
+    out_dir: str | Path,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 2,
+    num_kv_heads: int = 1,
+    intermediate_size: int = 256,
+    vocab_size: int = 400,
+    max_position_embeddings: int = 1024,
+    seed: int = 0,
+) -> Path:
+    """Build and save the tiny model and tokenizer into `out_dir`; returns it."""
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    if hidden_size // num_heads < 32:
+        raise ValueError(f"tiny model: head_dim = hidden_size / num_heads must be >= 32, got {hidden_size // num_heads}")
+    out_dir = Path(out_dir)
+    tokenizer = build_tokenizer(vocab_size=vocab_size, seed=seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(out_dir)
+    model.save_pretrained(out_dir)
+    # The reload must tokenize exactly as the tokenizer we trained; fail loudly if not.
+    probe = "<think> 12 + 345 = 357 </think> <answer> 357 </answer>"
+    reloaded = AutoTokenizer.from_pretrained(out_dir)
+    if reloaded(probe)["input_ids"] != tokenizer(probe)["input_ids"]:
+        raise RuntimeError("tiny model: the saved tokenizer changes token ids on reload")
+    return out_dir

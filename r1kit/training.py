@@ -1,0 +1,127 @@
+"""What the training stages share: models to start from, trainer arguments, resume, metrics.
+
+- `resolve_model(source, recipe)`: `tiny` builds the offline tiny model once per run folder; a
+  ``.gguf`` file becomes a plain Hugging Face folder once; anything else (a folder, a hub id)
+  passes through.
+- `trainer_args(config_cls, ctx, **r1kit_defaults)`: the recipe's ``trainer:`` fields, passed to
+  the trainer library's config unchanged, plus the fields r1kit owns (output folder, seed) and,
+  when no GPU is present, CPU-safe defaults for the fields the recipe left unset (logged).
+- `last_checkpoint(ctx)` and `MetricsLog`, a callback writing every logged figure to
+  ``<stage>/metrics.jsonl`` that stays consistent across resumes.
+
+This is not a trainer: TRL's trainers train.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger("r1kit")
+
+# TRL refuses to start on a machine without a GPU unless told so (it defaults to bf16).
+CPU_DEFAULTS = {
+    "use_cpu": True,
+    "bf16": False,
+    "fp16": False,
+    "gradient_checkpointing": False,
+    "dataloader_num_workers": 0,
+    "report_to": "none",
+}
+
+
+def has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def resolve_model(source: str, recipe) -> str:
+    """A local folder or hub id for `source`, building or converting it into the run folder once."""
+    models = Path(recipe.output_dir) / "_models"
+    if source == "tiny":
+        from r1kit.tiny import build_tiny_model
+
+        out = models / "tiny"
+        if not (out / "config.json").is_file():
+            tmp = models / "tiny.partial"
+            build_tiny_model(tmp, **{"seed": recipe.seed, **recipe.tiny_model})
+            os.replace(tmp, out)
+        return str(out)
+    if source.endswith(".gguf"):
+        from r1kit.gguf import convert_gguf
+
+        out = models / Path(source).stem
+        if not (out / "config.json").is_file():
+            convert_gguf(source, out)
+        return str(out)
+    return source
+
+
+def trainer_args(config_cls, ctx, **r1kit_defaults):
+    """The trainer library's config for this stage: recipe fields first, then r1kit's defaults."""
+    fields = dict(ctx.stage.trainer)
+    fields["output_dir"] = str(ctx.dir / "checkpoints")
+    fields.setdefault("seed", ctx.recipe.seed)
+    for key, value in r1kit_defaults.items():
+        fields.setdefault(key, value)
+    if not has_gpu():
+        applied = {k: v for k, v in CPU_DEFAULTS.items() if k not in fields}
+        fields.update(applied)
+        if applied:
+            log.info("%s: no GPU found; CPU defaults applied: %s", ctx.stage.name, applied)
+    return config_cls(**fields)
+
+
+def last_checkpoint(ctx) -> str | None:
+    from transformers.trainer_utils import get_last_checkpoint
+
+    folder = ctx.dir / "checkpoints"
+    return get_last_checkpoint(str(folder)) if folder.is_dir() else None
+
+
+def checkpoint_step(checkpoint: str) -> int:
+    return int(Path(checkpoint).name.split("-")[-1])
+
+
+def make_metrics_log(path: Path, resume_step: int | None, is_main: bool):
+    """A TrainerCallback appending each log record, with its step, to `path` (jsonl).
+
+    On resume, records past the checkpoint's step are dropped first: they will be logged again.
+    """
+    from transformers import TrainerCallback
+
+    if is_main and path.exists():
+        keep = []
+        if resume_step is not None:
+            keep = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= resume_step]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(line + "\n" for line in keep))
+        os.replace(tmp, path)
+
+    class MetricsLog(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if is_main and logs:
+                with open(path, "a") as f:
+                    f.write(json.dumps({"step": state.global_step, **logs}) + "\n")
+
+    return MetricsLog()
+
+
+def read_metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def train_and_save(trainer, ctx) -> str:
+    """Train (resuming from the stage's last checkpoint if any) and save the final model folder."""
+    checkpoint = last_checkpoint(ctx)
+    if checkpoint:
+        log.info("%s: resuming from %s", ctx.stage.name, checkpoint)
+    trainer.train(resume_from_checkpoint=checkpoint)
+    out = ctx.dir / "model"
+    trainer.save_model(str(out))
+    if ctx.is_main:
+        trainer.processing_class.save_pretrained(str(out))
+    return str(out)
