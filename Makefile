@@ -1,0 +1,20 @@
+# Set-up and entry points. Each target creates .venv and installs r1kit into it on first use.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, pinned: an unpinned torch may pull a multi-GB CUDA build on a CPU machine
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+.PHONY: install test demo
+install: $(VENV)/.installed
+
+test: $(VENV)/.installed
+	$(PY) -m pytest
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/r1kit run recipes/tiny_sft.yaml

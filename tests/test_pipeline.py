@@ -1,0 +1,126 @@
+"""The pipeline on the tiny model: SFT learns, stages hand off, finished stages are kept, and a
+run killed with SIGKILL resumes from its checkpoint to the same result as an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from r1kit.cli import main
+from r1kit.config import load_recipe
+from r1kit import pipeline
+
+TRAINER = {
+    "max_steps": 30,
+    "per_device_train_batch_size": 8,
+    "learning_rate": 3.0e-3,
+    "logging_steps": 5,
+    "save_steps": 10,
+}
+
+
+def sft_stage(name="sft", **extra):
+    return {
+        "name": name,
+        "kind": "sft",
+        "data": {"source": "task:addition", "task": {"n": 400, "digits": 2}},
+        "format": "prompt_completion",
+        "trainer": dict(TRAINER),
+        **extra,
+    }
+
+
+def weights(folder) -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder).state_dict()
+
+
+def test_sft_learns_and_hands_off_to_the_next_stage(write_recipe, tiny_model, tmp_path):
+    path = write_recipe({"model": str(tiny_model), "stages": [sft_stage("a"), sft_stage("b", model="a")]})
+    records = pipeline.run(load_recipe(path))
+    a, b = records["a"], records["b"]
+    assert a["metrics"]["last_loss"] < a["metrics"]["first_loss"] * 0.7
+    assert b["input_model"] == a["model"] == str(tmp_path / "run" / "a" / "model")
+    assert b["metrics"]["first_loss"] < a["metrics"]["first_loss"]  # b starts where a ended
+    # the saved model reloads and generates
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(b["model"])
+    model = AutoModelForCausalLM.from_pretrained(b["model"])
+    out = model.generate(**tok("What is 12 + 34?", return_tensors="pt"), max_new_tokens=5, do_sample=False)
+    assert out.shape[1] > 0
+    metrics = [json.loads(l) for l in (tmp_path / "run" / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if "loss" in m] == [5, 10, 15, 20, 25, 30]
+    run_json = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run_json["seed"] == 42 and "trl" in run_json["versions"]
+
+    # finished stages are skipped; a changed finished stage is refused; --restart-from redoes it
+    mtime = (tmp_path / "run" / "a" / "DONE.json").stat().st_mtime
+    again = pipeline.run(load_recipe(path))
+    assert again["a"]["finished_at"] == a["finished_at"]
+    assert (tmp_path / "run" / "a" / "DONE.json").stat().st_mtime == mtime
+    assert main(["run", str(path), "b.trainer.learning_rate=1e-3"]) == 2
+    assert main(["run", str(path), "b.trainer.learning_rate=1e-3", "--restart-from", "b"]) == 0
+    redone = json.loads((tmp_path / "run" / "b" / "DONE.json").read_text())
+    assert redone["config"]["stage"]["trainer"]["learning_rate"] == 1e-3
+    assert json.loads((tmp_path / "run" / "a" / "DONE.json").read_text())["finished_at"] == a["finished_at"]
+
+
+def test_changed_finished_stage_message_names_the_change(write_recipe, tiny_model, capsys):
+    path = write_recipe({"model": str(tiny_model), "stages": [sft_stage(trainer={**TRAINER, "max_steps": 2})]})
+    assert main(["run", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["run", str(path), "sft.trainer.max_steps=3"]) == 2
+    err = capsys.readouterr().err
+    assert "stage 'sft' already finished" in err and "stage.trainer.max_steps" in err and "--restart-from sft" in err
+
+
+def _run_cli(recipe: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "r1kit.cli", "run", str(recipe)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def test_sigkill_mid_stage_resumes_from_checkpoint_to_the_same_result(write_recipe, tiny_model, tmp_path, caplog):
+    stages = [sft_stage("first", trainer={**TRAINER, "max_steps": 10}), sft_stage("second", model="first")]
+    killed = write_recipe({"model": str(tiny_model), "stages": stages, "output_dir": str(tmp_path / "killed")}, "k.yaml")
+    clean = write_recipe({"model": str(tiny_model), "stages": stages, "output_dir": str(tmp_path / "clean")}, "c.yaml")
+
+    proc = _run_cli(killed)
+    checkpoint = tmp_path / "killed" / "second" / "checkpoints" / "checkpoint-10"
+    deadline = time.time() + 240
+    while not (checkpoint / "trainer_state.json").exists():
+        assert proc.poll() is None, "run ended before it could be killed"
+        assert time.time() < deadline
+        time.sleep(0.2)
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (tmp_path / "killed" / "second" / "DONE.json").exists()
+    first_done = (tmp_path / "killed" / "first" / "DONE.json").read_text()
+
+    caplog.set_level("INFO", logger="r1kit")
+    assert main(["run", str(killed)]) == 0
+    assert "first: finished earlier, skipped" in caplog.text
+    assert "second: resuming from" in caplog.text and "checkpoint-" in caplog.text
+    assert (tmp_path / "killed" / "first" / "DONE.json").read_text() == first_done  # not redone
+    metrics = [json.loads(l) for l in (tmp_path / "killed" / "second" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m["step"] for m in metrics if "loss" in m]
+    assert steps == sorted(set(steps)), "resumed metrics must not repeat steps"
+
+    assert main(["run", str(clean)]) == 0
+    resumed, uninterrupted = weights(tmp_path / "killed" / "second" / "model"), weights(tmp_path / "clean" / "second" / "model")
+    for name, tensor in uninterrupted.items():
+        torch.testing.assert_close(resumed[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
