@@ -1,0 +1,572 @@
+"""A local sandbox for running untrusted Python programs, such as model-written solutions.
+
+    from r1kit.sandbox import Limits, run_python, run_many
+
+    result = run_python("print(input()[::-1])", stdin="abc", limits=Limits(wall_s=2))
+    result.ok, result.stdout          # True, "cba\\n"
+    results = run_many([(source, ""), (other, "1 2\\n")], limits=Limits(), workers=4)
+
+Every run is its own process, forked from a small fork server (one ``python -I -S -B`` per r1kit
+process, started on first use: a fork costs a few ms, a new interpreter 15-35 ms).
+The child executes the program as ``__main__`` from a fresh working directory. ``ok`` is true
+only when the program ran to its last statement: the child then writes a random per-run nonce
+to a pipe of its own. The exit status decides nothing, so ``sys.exit(0)`` or ``os._exit(0)``
+before the last line is not a success, and no text the program prints can pass for the marker.
+
+What a run gets, when r1kit runs as root (Linux only):
+
+- its own uid, drawn at random from the top half of the ids this user namespace maps (skipping
+  those in /etc/passwd and /etc/group), no supplementary groups, and ``no_new_privs``, so
+  setuid binaries cannot give root back. The per-run uid is what makes RLIMIT_NPROC bite (root
+  ignores it), keeps the program from signalling or tracing anything but its own processes, and
+  lets every process of the run be killed at the end, daemons included (``kill(-1)`` as that uid);
+- a network namespace of its own making, shared by all runs: no interface but a loopback that is
+  down, so no TCP/UDP/ICMP at all, to the host included;
+- limits: wall clock (its process group, then its uid, are killed), CPU time (RLIMIT_CPU),
+  address space per process (RLIMIT_AS), size of any file written (RLIMIT_FSIZE), processes and
+  threads (RLIMIT_NPROC), no core files;
+- a fresh working directory (also $HOME and $TMPDIR), deleted afterwards; a scrubbed
+  environment; stdin from memory; stdout and stderr read as they come, the first ``output_kb``
+  of each kept and the rest discarded, so a flooding program cannot block anything.
+
+The interpreter's import directories (stdlib, lib-dynload, the environment's site-packages; no
+.pth files) are opened by the fork server before any uid change and reached through
+/proc/self/fd, so a run's uid needs no access to the Python installation (which may sit under a
+private /root); the program can read that installation and nothing else it could not before.
+A few modules (typing, re, collections, ...) are imported in the fork server, once for all runs.
+
+Without root a run keeps the caller's uid: the program can signal, and write to, whatever the
+caller can; RLIMIT_NPROC is set to the caller's current task count plus ``nproc``; daemons that
+leave the process group survive the run. Where network namespaces cannot be created, a guard
+replaces ``socket.socket`` in the run's interpreter: ``ctypes`` or re-importing ``_socket`` get
+around it. :func:`isolation` says which of these fallbacks are in force.
+
+What it does not protect against: it is not a VM or a container. Kernel exploits and CPU side
+channels are out of scope. The program can read every world-readable file on the host, write
+into world-writable directories (/tmp, /dev/shm; those files are not removed) and fill its
+working directory with many files of up to ``file_mb`` each until time runs out, reach Unix-domain
+sockets on the filesystem that its uid may open and abstract ones of concurrent runs, and use
+up to ``nproc`` x ``memory_mb`` of memory with forked children (a memory cgroup would be needed
+for a hard total). A program can also find the nonce by inspecting its own interpreter (frames,
+``gc``) or make asserts pass (an object whose ``__eq__`` is always true): the sandbox contains
+damage to the host; it does not make a reward un-hackable.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import grp
+import marshal
+import math
+import os
+import pwd
+import random
+import secrets
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one run may use."""
+
+    wall_s: float = 5.0
+    """Wall-clock seconds before the run's processes are killed."""
+    cpu_s: float = 5.0
+    """CPU seconds per process (RLIMIT_CPU, rounded up to whole seconds)."""
+    memory_mb: int = 1024
+    """Address space per process, in MiB (RLIMIT_AS)."""
+    file_mb: int = 16
+    """Largest file the program may write, in MiB (RLIMIT_FSIZE)."""
+    nproc: int = 16
+    """Processes and threads the run may have at once (RLIMIT_NPROC)."""
+    output_kb: int = 256
+    """KiB of stdout and of stderr kept; the rest is read and discarded."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """The outcome of one run."""
+
+    ok: bool
+    """The program ran to its last statement within the limits."""
+    timed_out: bool
+    """The wall-clock limit was reached and the run killed."""
+    returncode: int
+    """Exit status; negative for a signal. Never decides ``ok``."""
+    stdout: str
+    stderr: str
+    wall_s: float
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (never a failure of the program)."""
+
+
+# ---- the fork server: runs as the caller (root or not), forks one child per run ---------------
+
+_SERVER = r'''
+import ctypes, marshal, os, resource, socket, sys, traceback
+
+CONTROL = int(sys.argv[1])
+ROOT = os.geteuid() == 0
+libc = ctypes.CDLL(None, use_errno=True)
+# Bound now: a program may replace the os functions in its own process.
+_exit, _kill, _write, _getresuid = os._exit, os.kill, os.write, os.getresuid
+active = {}  # pid -> uid of the runs not reaped yet
+
+
+def check(ok, what):
+    if not ok:
+        raise OSError(ctypes.get_errno(), what + " failed")
+
+
+def open_import_dirs(extra):
+    paths = [p for p in sys.path + extra if os.path.isdir(p)]
+    if ROOT:
+        opened = {p: "/proc/self/fd/%d" % os.open(p, os.O_PATH | os.O_DIRECTORY) for p in paths}
+        def reach(d):
+            for p in sorted(opened, key=len, reverse=True):
+                if d == p or d.startswith(p + "/"):
+                    return opened[p] + d[len(p):]
+            return d
+        for module in list(sys.modules.values()):
+            if hasattr(module, "__path__"):  # packages already imported: encodings, ctypes
+                module.__path__[:] = [reach(d) for d in module.__path__]
+        paths = list(opened.values())
+    sys.path[:] = paths
+    sys.path_importer_cache.clear()
+
+
+def become(uid):
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+
+
+def kill_all():
+    try:
+        _kill(-1, 9)  # as a run's uid: every other process of that run, wherever it went
+    except ProcessLookupError:
+        pass  # there was none
+
+
+def isolate(uid, netns, nproc, cpu_s, memory_mb, file_mb):
+    if uid >= 0:
+        check(libc.prctl(38, 1, 0, 0, 0) == 0, "prctl(PR_SET_NO_NEW_PRIVS)")
+        become(uid)
+    limits = {resource.RLIMIT_CPU: cpu_s, resource.RLIMIT_AS: memory_mb << 20,
+              resource.RLIMIT_FSIZE: file_mb << 20, resource.RLIMIT_NPROC: nproc,
+              resource.RLIMIT_CORE: 0}
+    for res, value in limits.items():
+        hard = resource.getrlimit(res)[1]
+        if hard != resource.RLIM_INFINITY:  # without root a hard limit can only be lowered
+            value = min(value, hard)
+        resource.setrlimit(res, (value, value))
+    if not netns:
+        class NoSocket(socket.socket):
+            def __init__(self, *args, **kwargs):
+                raise PermissionError("network access is disabled in the r1kit sandbox")
+        socket.socket = socket.SocketType = socket._socket.socket = NoSocket
+
+
+def run_program(marker, nonce):
+    """Execute prog.py as __main__; return the exit status the interpreter would give."""
+    sys.argv[:] = ["prog.py"]
+    module = type(sys)("__main__")
+    module.__file__ = "prog.py"
+    sys.modules["__main__"] = module
+    try:
+        with open("prog.py") as f:
+            code = compile(f.read(), "prog.py", "exec")
+        exec(code, module.__dict__)
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return 1
+    except BaseException as exc:
+        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)  # without this frame
+        return 1
+    finally:
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            stream.flush()
+    _write(marker, nonce + b"P")
+    return 0
+
+
+def child(request, fds, ready):
+    """The run: never returns."""
+    workdir, uid, netns, nproc, cpu_s, memory_mb, file_mb, nonce = request
+    stdin, stdout, stderr, marker = fds
+    status, dropped = 1, False
+    try:
+        # A session of its own: its process group id stays its pid whatever the program does.
+        os.setsid()
+        os.close(ready)
+        os.close(CONTROL)
+        for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.chdir(workdir)
+        os.environ["HOME"] = os.environ["TMPDIR"] = workdir
+        try:
+            isolate(uid, netns, nproc, cpu_s, memory_mb, file_mb)
+        except BaseException as exc:
+            _write(marker, nonce + b"E" + repr(exc).encode())
+            raise
+        dropped = uid >= 0 and _getresuid() == (uid, uid, uid)
+        status = run_program(marker, nonce)
+    finally:
+        try:
+            if dropped:
+                kill_all()
+                _write(marker, nonce + b"C")
+        finally:
+            _exit(status)  # no interpreter shutdown: the program's threads are not waited for
+
+
+def kill_uid(uid):
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            become(uid)
+            kill_all()
+            status = 0
+        finally:
+            _exit(status)
+    check(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0, "killing the processes of uid %d" % uid)
+
+
+def handle(request, fds):
+    if request[0] == "run":
+        ready_r, ready_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(ready_r)
+            child(request[1:], fds, ready_w)
+        for fd in fds + [ready_w]:
+            os.close(fd)
+        os.read(ready_r, 1)  # end of file once the child has its own session and process group
+        os.close(ready_r)
+        active[pid] = request[2]
+        return pid
+    if request[0] == "reap":
+        active.pop(request[1])
+        return os.waitstatus_to_exitcode(os.waitpid(request[1], 0)[1])
+    if request[0] == "kill_uid":
+        return kill_uid(request[1])
+    raise ValueError("unknown request %r" % (request[0],))
+
+
+def main():
+    netns = ROOT and libc.unshare(0x40000000) == 0  # CLONE_NEWNET, inherited by every run
+    open_import_dirs(sys.argv[2:])
+    import collections, functools, heapq, itertools, math, re, string, typing  # shared by all runs
+    # Warm the compiler and traceback printing here, once, rather than in every run (~3 ms each).
+    try:
+        exec(compile("def f(n):\n    return [i for i in range(n)]\nraise ValueError(f(2))", "warm", "exec"), {})
+    except ValueError as exc:
+        traceback.format_exception(type(exc), exc, exc.__traceback__)
+    sock = socket.socket(fileno=CONTROL)
+    sock.send(marshal.dumps(("hello", netns)))
+    while True:
+        message, fds, _, _ = socket.recv_fds(sock, 1 << 16, 8)
+        if not message:
+            break  # the caller has gone
+        try:
+            reply = ("ok", handle(marshal.loads(message), fds))
+        except Exception as exc:
+            reply = ("error", repr(exc))
+        sock.send(marshal.dumps(reply))
+    for pid, uid in active.items():  # runs still going when the caller went
+        os.killpg(pid, 9)
+        if uid >= 0:
+            kill_uid(uid)
+        os.waitpid(pid, 0)
+
+main()
+'''
+
+_ROOT = os.geteuid() == 0
+_SITE_DIRS = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+_MARKER_KEEP = 4096
+
+
+class _ForkServer:
+    """The fork server process and the socket to it; one request at a time."""
+
+    def __init__(self) -> None:
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # -I: no environment variables or user site; -S: no site module (faster, no .pth code);
+        # -B: no .pyc files written.
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-B", "-c", _SERVER, str(theirs.fileno()), *_SITE_DIRS],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            env=_ENV,
+            cwd="/",
+            start_new_session=True,  # out of reach of the terminal's signals
+        )
+        theirs.close()
+        self.lock = threading.Lock()
+        _, self.netns = self._receive()
+        if not self.netns:
+            warnings.warn(
+                "r1kit.sandbox: cannot create a network namespace (needs root); falling back to a "
+                "socket guard inside the program's interpreter, which a program can get around",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
+    def _receive(self) -> tuple:
+        data = self.sock.recv(1 << 16)
+        if not data:
+            raise SandboxError(f"the sandbox fork server exited (status {self.proc.wait()}); see its stderr")
+        return marshal.loads(data)
+
+    def call(self, *request, fds: tuple[int, ...] = ()):
+        with self.lock:
+            socket.send_fds(self.sock, [marshal.dumps(request)], list(fds))
+            status, value = self._receive()
+        if status == "error":
+            raise SandboxError(f"sandbox fork server: {request[0]} failed: {value}")
+        return value
+
+    def close(self) -> None:
+        self.sock.close()
+        self.proc.wait()
+
+
+_server: _ForkServer | None = None
+_server_lock = threading.Lock()
+
+
+def _fork_server() -> _ForkServer:
+    global _server
+    with _server_lock:
+        if _server is None:
+            _server = _ForkServer()
+            atexit.register(_server.close)
+        return _server
+
+
+def _forget_server() -> None:
+    # A forked copy of r1kit must not share the parent's server; it starts its own when needed.
+    global _server, _server_lock
+    if _server is not None:
+        _server.sock.close()
+    _server, _server_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_server)
+
+
+def isolation() -> dict[str, str]:
+    """How runs are isolated on this host (see the module docstring)."""
+    return {
+        "user": "per-run uid" if _ROOT else "caller's uid (not root)",
+        "network": "network namespace" if _fork_server().netns else "socket guard (weaker)",
+    }
+
+
+# ---- per-run uids (root only) ------------------------------------------------------------------
+
+_uid_lock = threading.Lock()
+_uids_in_use: set[int] = set()
+
+
+@functools.cache
+def _uid_pool() -> tuple[int, int, frozenset[int]]:
+    """Top half of the largest id range mapped in this user namespace, and the ids to skip.
+
+    All of 0..2**32-2 on a plain host; often only 0..65535 inside a container.
+    """
+
+    def largest(path: str) -> tuple[int, int]:
+        with open(path) as f:
+            rows = [tuple(map(int, line.split())) for line in f]
+        inside, _, count = max(rows, key=lambda row: row[2])
+        return inside, inside + count
+
+    ulo, uhi = largest("/proc/self/uid_map")
+    glo, ghi = largest("/proc/self/gid_map")
+    lo, hi = max(ulo, glo), min(uhi, ghi, 2**32 - 2)  # (uid_t)-1 means "unchanged"
+    known = {p.pw_uid for p in pwd.getpwall()} | {g.gr_gid for g in grp.getgrall()}
+    return (lo + hi) // 2, hi, frozenset(known)
+
+
+def _take_uid() -> int:
+    lo, hi, known = _uid_pool()
+    with _uid_lock:
+        while True:
+            uid = random.randrange(lo, hi)
+            if uid not in known and uid not in _uids_in_use:
+                _uids_in_use.add(uid)
+                return uid
+
+
+def _tasks_of(uid: int) -> int:
+    """Processes and threads the user `uid` has now (what RLIMIT_NPROC counts)."""
+    count = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # exited while we looked
+        if int(fields["Uid"].split()[0]) == uid:
+            count += int(fields["Threads"])
+    return count
+
+
+# ---- one run ------------------------------------------------------------------------------------
+
+
+def _read_into(fd: int, buf: bytearray, keep: int) -> bool:
+    """Read what `fd` has now, keeping at most `keep` bytes in `buf`. False at end of file."""
+    while True:
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return True
+        if not data:
+            return False
+        buf += data[: max(0, keep - len(buf))]
+
+
+def _supervise(pid: int, pipes: dict[int, int], limits: Limits) -> tuple[bool, dict[int, bytearray]]:
+    """Read `pipes` (fd -> bytes to keep) until the run's main process exits or time is up.
+
+    Returns whether time ran out, and the bytes kept per pipe. Waiting for end of file instead
+    would hang on any child process that still holds a pipe open.
+    """
+    bufs = {fd: bytearray() for fd in pipes}
+    pidfd = os.pidfd_open(pid)  # readable once the process has exited; does not reap it
+    try:
+        poller = select.poll()
+        for fd in pipes:
+            os.set_blocking(fd, False)
+            poller.register(fd, select.POLLIN)
+        poller.register(pidfd, select.POLLIN)
+        deadline = time.monotonic() + limits.wall_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return True, bufs
+            for fd, _ in poller.poll(left * 1000 + 1):
+                if fd == pidfd:
+                    for pipe, keep in pipes.items():
+                        _read_into(pipe, bufs[pipe], keep)
+                    return False, bufs
+                if not _read_into(fd, bufs[fd], pipes[fd]):
+                    poller.unregister(fd)
+    finally:
+        os.close(pidfd)
+
+
+def _run(server: _ForkServer, workdir: str, uid: int, stdin: str, limits: Limits) -> RunResult:
+    nproc = limits.nproc if uid >= 0 else _tasks_of(os.getuid()) + limits.nproc
+    nonce = secrets.token_hex(16).encode()
+    request = ("run", workdir, uid, int(server.netns), nproc, math.ceil(limits.cpu_s),
+               limits.memory_mb, limits.file_mb, nonce)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    marker_r, marker_w = os.pipe()
+    stdin_fd = os.memfd_create("stdin")
+    try:
+        os.write(stdin_fd, stdin.encode())
+        os.lseek(stdin_fd, 0, os.SEEK_SET)
+        start = time.monotonic()
+        pid = server.call(*request, fds=(stdin_fd, out_w, err_w, marker_w))
+    except BaseException:
+        for fd in (out_r, err_r, marker_r):
+            os.close(fd)
+        raise
+    finally:
+        for fd in (stdin_fd, out_w, err_w, marker_w):
+            os.close(fd)
+    keep = limits.output_kb * 1024
+    cleaned = False
+    try:
+        timed_out, bufs = _supervise(pid, {out_r: keep, err_r: keep, marker_r: _MARKER_KEEP}, limits)
+        marker = bytes(bufs[marker_r])
+        cleaned = nonce + b"C" in marker
+    finally:
+        os.killpg(pid, signal.SIGKILL)  # not reaped yet, so the group id cannot have been reused
+        if uid >= 0 and not cleaned:
+            server.call("kill_uid", uid)  # e.g. daemons that left the group; after os._exit or a kill
+        returncode = server.call("reap", pid)
+        for fd in (out_r, err_r, marker_r):
+            os.close(fd)
+    if nonce + b"E" in marker:
+        error = marker.split(nonce + b"E", 1)[1].decode(errors="replace")
+        raise SandboxError(f"sandbox setup failed in the run's process: {error}")
+    return RunResult(
+        ok=not timed_out and nonce + b"P" in marker,
+        timed_out=timed_out,
+        returncode=returncode,
+        stdout=bufs[out_r].decode(errors="replace"),
+        stderr=bufs[err_r].decode(errors="replace"),
+        wall_s=time.monotonic() - start,
+    )
+
+
+def _rmtree(path: str) -> None:
+    try:
+        shutil.rmtree(path)
+    except PermissionError:
+        # Without root a program can take away its own permissions on its directories; as
+        # their owner we can give them back.
+        os.chmod(path, 0o700)
+        for root, dirs, _ in os.walk(path):
+            for name in dirs:
+                full = os.path.join(root, name)
+                if not os.path.islink(full):
+                    os.chmod(full, 0o700)
+        shutil.rmtree(path)
+
+
+def run_python(source: str, stdin: str = "", limits: Limits = Limits()) -> RunResult:
+    """Run `source` as a Python program in the sandbox, with `stdin` as its standard input."""
+    server = _fork_server()
+    uid = _take_uid() if _ROOT else -1
+    workdir = tempfile.mkdtemp(prefix="r1kit-run-")
+    try:
+        with open(os.path.join(workdir, "prog.py"), "w") as f:
+            f.write(source)
+        if uid >= 0:
+            os.chown(workdir, uid, uid)
+        return _run(server, workdir, uid, stdin, limits)
+    finally:
+        _rmtree(workdir)
+        with _uid_lock:
+            _uids_in_use.discard(uid)
+
+
+def run_many(
+    jobs: list[tuple[str, str]], limits: Limits = Limits(), workers: int | None = None
+) -> list[RunResult]:
+    """Run `(source, stdin)` jobs, at most `workers` (default: the CPU count) at a time.
+
+    Results come back in the order of `jobs`.
+    """
+    workers = workers or os.cpu_count() or 1
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="r1kit-sandbox") as pool:
+        return list(pool.map(lambda job: run_python(job[0], job[1], limits), jobs))
