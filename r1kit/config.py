@@ -347,6 +347,8 @@ def _build(raw: dict, stage_registry) -> Recipe:
         stage = from_dict(spec.config, s, name)
         if spec.trainer_config is not None:
             stage.trainer = check_trainer_block(spec.trainer_config(), s.get("trainer"), f"{name}.trainer")
+        if spec.check is not None:
+            spec.check(stage)
         stages.append(stage)
     top = {k: v for k, v in raw.items() if k != "stages"}
     top["stages"] = []

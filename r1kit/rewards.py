@@ -9,7 +9,8 @@ A reward is a plain batch function::
 with `completions`. Keyword-only arguments with defaults are the reward's *parameters*: a recipe
 sets them next to the reward's name (``{name: math_accuracy, weight: 1.0, fallback: last_number}``).
 ``None`` in the result means "not applicable to this sample": trainers skip it instead of
-teaching it as wrong.
+teaching it as wrong. A column named like one of the reward's parameters does not reach it: the
+parameter keeps its configured value.
 
 Rewards are found by name through the ``r1kit.rewards`` entry-point group (the built-ins in the
 top-level ``rewards`` package register there too, see pyproject.toml), or by a
@@ -115,6 +116,9 @@ class Reward:
     weight: float = 1.0
 
     def __call__(self, completions: list[str], **columns) -> list[float | None]:
+        # A column that shares a parameter's name never overrides the parameter.
+        names = parameters(self.fn)
+        columns = {k: v for k, v in columns.items() if k not in names}
         scores = self.fn(completions, **self.params, **columns)
         if not isinstance(scores, list) or len(scores) != len(completions):
             got = len(scores) if isinstance(scores, list) else type(scores).__name__
@@ -146,13 +150,16 @@ def for_trl(reward: Reward) -> Callable[..., list[float | None]]:
 
     TRL calls ``f(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns)``
     and names the logged metrics after ``f.__name__``. Conversational completions (lists of
-    messages) are reduced to the assistant's text.
+    messages) are reduced to the assistant's text. The rendered prompts reach the reward as the
+    ``prompt`` column (the format reward sees a prefilled ``<think>`` there) and ``completion_ids``
+    as a column too (length rewards count tokens with it).
     """
 
     @functools.wraps(reward.fn)
     def call(prompts=None, completions=None, completion_ids=None, trainer_state=None, **columns):
         texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
-        return reward(texts, **columns)
+        prompt_texts = [p if isinstance(p, str) else p[-1]["content"] for p in prompts]
+        return reward(texts, prompt=prompt_texts, completion_ids=completion_ids, **columns)
 
     call.__name__ = reward.name.replace(":", "_").replace(".", "_")
     return call

@@ -44,12 +44,12 @@ def addition(n: int = 1000, digits: int = 3, split: str = "train", seed: int = 0
     if split not in ("train", "test"):
         raise ValueError(f"split must be train or test, got {split!r}")
     rng = random.Random(f"addition-{digits}-{split}-{seed}")
-    lo, hi = 10 ** (digits - 1), 10**digits - 1
-    space = (hi - lo + 1) ** 2
-    if n > space // 10:
-        raise ValueError(f"n={n} is too many for {digits}-digit problems")
-    rows, seen = [], set()
+    lo, hi = (0 if digits == 1 else 10 ** (digits - 1)), 10**digits - 1
+    rows, seen, attempts = [], set(), 0
     while len(rows) < n:
+        attempts += 1
+        if attempts > 100 * n + 10_000:
+            raise ValueError(f"n={n} is more than the distinct {digits}-digit problems in split {split!r}")
         a, b = rng.randint(lo, hi), rng.randint(lo, hi)
         key = f"{a}+{b}"
         if key in seen or _is_test(key) != (split == "test"):

@@ -16,10 +16,12 @@ Parameters:
 - ``prefilled_think=True``: the prompt already ends with ``<think>`` (a chat template that
   opens the reasoning block for the model), so the completion starts inside the think block.
   The completion is then scored as if ``<think>`` preceded it: a completion that writes
-  ``<think>`` again has nested tags, which strict mode rejects. There is no auto-detection:
-  with ``prefilled_think=False`` a completion that closes ``</think>`` without opening it scores
-  0.0, since rewarding it would teach a model without a prefilled prompt to drop the tag.
-- ``answer="tags"`` requires ``<answer>…</answer>`` after ``</think>``; ``answer="boxed"``
+  ``<think>`` again has nested tags, which strict mode rejects. When the batch carries the
+  prompts (a ``prompt`` column; r1kit's GRPO stage passes them), a sample whose prompt ends with
+  ``<think>`` is scored this way too. The completion itself is never used to guess: a completion
+  that closes ``</think>`` without opening it, after a prompt that did not open it, scores 0.0,
+  since rewarding it would teach a model without a prefilled prompt to drop the tag.
+- ``answer_format="tags"`` requires ``<answer>…</answer>`` after ``</think>``; ``"boxed"``
   instead requires a complete ``\\boxed{…}`` after ``</think>`` (the template of models that
   answer in LaTeX); in strict mode the text after ``</think>`` holds that box and no tag.
 
@@ -70,23 +72,24 @@ def format_reward(
     *,
     mode: str = "strict",
     prefilled_think: bool = False,
-    answer: str = "tags",
+    answer_format: str = "tags",
     **columns,
 ) -> list[float]:
     """1.0 when the completion follows the R1 template <think>…</think> then the answer, else 0.0.
 
     `mode` is "strict" (nothing else around the two blocks) or "lenient" (both blocks, in
-    order, anywhere); `prefilled_think` says the prompt already opened ``<think>``; `answer` is
+    order, anywhere); `prefilled_think` says the prompt already opened ``<think>``; `answer_format` is
     "tags" (``<answer>…</answer>``) or "boxed" (``\\boxed{…}`` after ``</think>``).
     """
     if mode not in MODES:
         raise RewardError(f"format: mode must be one of {MODES}, got {mode!r}")
-    if answer not in ANSWERS:
-        raise RewardError(f"format: answer must be one of {ANSWERS}, got {answer!r}")
+    if answer_format not in ANSWERS:
+        raise RewardError(f"format: answer_format must be one of {ANSWERS}, got {answer_format!r}")
+    prompts = columns.get("prompt") or [None] * len(completions)
     scores = []
-    for text in completions:
-        if prefilled_think:
+    for text, prompt in zip(completions, prompts):
+        if prefilled_think or (isinstance(prompt, str) and prompt.rstrip().endswith("<think>")):
             text = "<think>" + text
-        ok = _lenient(text, answer) if mode == "lenient" else _strict(text, answer)
+        ok = _lenient(text, answer_format) if mode == "lenient" else _strict(text, answer_format)
         scores.append(1.0 if ok else 0.0)
     return scores

@@ -62,9 +62,9 @@ def test_format_boxed_answers():
         "<think>2 + 2</think><answer>\\boxed{4}</answer>",  # tags where a box was asked for
         "Well <think>2 + 2</think> \\boxed{4}",
     ]
-    assert format_reward(completions, answer="boxed") == [1.0, 0.0, 0.0, 0.0, 0.0]
-    assert format_reward(completions, answer="boxed", mode="lenient") == [1.0, 0.0, 0.0, 1.0, 1.0]
-    assert format_reward(["2 + 2</think> \\boxed{4}"], answer="boxed", prefilled_think=True) == [1.0]
+    assert format_reward(completions, answer_format="boxed") == [1.0, 0.0, 0.0, 0.0, 0.0]
+    assert format_reward(completions, answer_format="boxed", mode="lenient") == [1.0, 0.0, 0.0, 1.0, 1.0]
+    assert format_reward(["2 + 2</think> \\boxed{4}"], answer_format="boxed", prefilled_think=True) == [1.0]
 
 
 def test_format_long_completions_stay_fast():
@@ -78,8 +78,8 @@ def test_format_long_completions_stay_fast():
 def test_format_rejects_unknown_parameters():
     with pytest.raises(RewardError, match="mode must be one of"):
         format_reward(["x"], mode="loose")
-    with pytest.raises(RewardError, match="answer must be one of"):
-        format_reward(["x"], answer="latex")
+    with pytest.raises(RewardError, match="answer_format must be one of"):
+        format_reward(["x"], answer_format="latex")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -136,9 +136,25 @@ def test_language_long_text_stays_fast():
 
 
 def test_registered():
-    fmt = build("format", {"mode": "lenient", "prefilled_think": True, "answer": "boxed"})
+    fmt = build("format", {"mode": "lenient", "prefilled_think": True, "answer_format": "boxed"})
     assert fmt(["a</think> \\boxed{1}"]) == [1.0]
     lang = build("language_consistency", {"language": "zh"})
     assert lang(["<think>中文</think>"]) == [1.0]
     assert summary(fmt.fn).startswith("1.0 when the completion follows the R1 template")
     assert summary(lang.fn).startswith("Share of the chain of thought")
+
+
+def test_format_sees_a_prefilled_think_in_the_prompt_column():
+    from rewards.format import format_reward
+
+    completion = "reasoning </think> <answer> 4 </answer>"
+    prompts = ["Assistant: <think>\n", "Assistant:"]
+    assert format_reward([completion, completion], prompt=prompts) == [1.0, 0.0]
+
+
+def test_a_column_named_like_a_parameter_does_not_override_it():
+    from r1kit.rewards import build
+
+    reward = build("format", {"mode": "lenient"})
+    # `mode` and `answer_format` arrive as columns too; the parameters keep their values.
+    assert reward(["<think> a </think> <answer> 1 </answer> extra"], mode=["strict"], answer_format=["boxed"]) == [1.0]

@@ -31,6 +31,8 @@ class StageKind:
     """Runs the stage."""
     trainer_config: Callable[[], type] | None = None
     """Returns the trainer library's config class for the `trainer:` block (imported lazily)."""
+    check: Callable[[Any], None] | None = None
+    """Checks that need more than types (reward names, templates); raises RecipeError."""
 
 
 @dataclass

@@ -1,0 +1,150 @@
+"""The `grpo` stage: reasoning RL with verifiable rewards on `trl.GRPOTrainer`.
+
+    - name: rl
+      kind: grpo
+      data: {source: open-r1/DAPO-Math-17k-Processed, prompt: prompt}   # other columns reach the rewards
+      template: r1_zero                                # see r1kit.templates
+      rewards:
+        - {name: math_accuracy, weight: 1.0}
+        - {name: format, weight: 0.5, mode: strict}    # reward parameters sit beside name and weight
+      dynamic_sampling: false                          # DAPO: drop zero-signal groups and refill
+      trainer: {learning_rate: 3.0e-6, num_generations: 16}    # trl.GRPOConfig fields, as they are
+
+Rewards come from the reward registry (r1kit.rewards) and map onto TRL's ``reward_funcs`` and
+``reward_weights``; TRL logs each one's mean and std under its name, and every logged figure
+(rewards, completion lengths and clipped share, zero-std group share, entropy, KL) also lands in
+``<stage>/metrics.jsonl``.
+
+Defaults follow the DeepSeek-R1 paper rather than TRL: ``loss_type: grpo`` and ``beta: 0.001``
+(a reference model, KL by the k3 estimator). The DAPO and Dr. GRPO variants are opt-in through
+``loss_type`` / ``beta`` / ``epsilon_high`` / ``scale_rewards`` and ``dynamic_sampling`` (see the
+variant recipes). On a GPU, ``use_vllm: true`` generates with vLLM (colocated, or ``vllm_mode:
+server``); without one, TRL generates with transformers.
+
+Not here: the reward functions themselves (rewards/), or any loss of r1kit's own: TRL computes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from r1kit import data as data_lib
+from r1kit import rewards as reward_registry
+from r1kit import templates
+from r1kit.config import DataConfig, RecipeError, StageConfig
+from r1kit.stages import StageContext, StageKind, StageResult
+from r1kit.training import checkpoint_step, last_checkpoint, make_metrics_log, read_metrics, train_and_save, trainer_args
+
+# The DeepSeek-R1 paper's GRPO (arXiv:2501.12948, section 2.2): KL coefficient 0.001, and the
+# sequence-level GRPO loss. TRL defaults to beta 0 and the DAPO token-level loss.
+PAPER_DEFAULTS = {"loss_type": "grpo", "beta": 0.001, "logging_steps": 1}
+
+
+@dataclass(kw_only=True)
+class GRPOStage(StageConfig):
+    data: DataConfig
+    """Training prompts; every other column reaches the rewards as a keyword argument."""
+    rewards: list[dict[str, Any]]
+    """Rewards: {name, weight, <parameters>} each; names from `r1kit rewards list` or module:function."""
+    template: str = "r1_zero"
+    """Prompt template: r1_zero, chat, plain, or a string containing {prompt}."""
+    think_prefill: bool = False
+    """Start the model's turn with '<think>\\n'."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop groups whose rewards are all equal and refill the batch."""
+    dynamic_sampling_max_rounds: int = 3
+    """Cap on extra generation rounds per batch for dynamic sampling."""
+    trainer: dict[str, Any] = field(default_factory=dict)
+    """Fields of trl.GRPOConfig, passed through."""
+
+
+def build_rewards(specs: list[dict[str, Any]], where: str) -> list[reward_registry.Reward]:
+    """Configured rewards from recipe entries; errors name the entry."""
+    out = []
+    for i, spec in enumerate(specs):
+        spec = dict(spec)
+        name = spec.pop("name", None)
+        if not isinstance(name, str):
+            raise RecipeError(f"{where}[{i}]: each reward needs a 'name' (see `r1kit rewards list`)")
+        weight = spec.pop("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+            raise RecipeError(f"{where}[{i}].weight: expected a number, got {weight!r}")
+        try:
+            out.append(reward_registry.build(name, spec, weight))
+        except reward_registry.RewardError as exc:
+            raise RecipeError(f"{where}[{i}]: {exc}") from None
+    if len({r.name for r in out}) != len(out):
+        raise RecipeError(f"{where}: a reward is listed twice")
+    return out
+
+
+def check(stage: GRPOStage) -> None:
+    if not stage.rewards:
+        raise RecipeError(f"{stage.name}.rewards: a grpo stage needs at least one reward")
+    build_rewards(stage.rewards, f"{stage.name}.rewards")
+    problem = templates.check(stage.template)
+    if problem:
+        raise RecipeError(f"{stage.name}.template: {problem}")
+    if "reward_weights" in stage.trainer:
+        raise RecipeError(f"{stage.name}.trainer.reward_weights: set weights in the rewards list instead")
+
+
+def prompt_rows(ctx: StageContext, tokenizer):
+    """Training rows with `prompt` rendered by the stage's template; other columns kept."""
+    cfg, stage = ctx.stage.data, ctx.stage
+    ds = data_lib.load_rows(cfg, ctx)
+    data_lib.require_columns(ds, [cfg.prompt], ctx.resolve_data_source(cfg.source), f"grpo stage {stage.name!r}")
+
+    def render(row):
+        return {"prompt": templates.render(stage.template, row[cfg.prompt], tokenizer, stage.think_prefill)}
+
+    drop = [c for c in ("prompt", "completion", "messages") if c in ds.column_names and c != cfg.prompt]
+    ds = ds.remove_columns(drop)  # demonstrations must not leak into the rollout prompts
+    return ds.map(render, remove_columns=[cfg.prompt] if cfg.prompt != "prompt" else None)
+
+
+def run(ctx: StageContext) -> StageResult:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from r1kit.dynamic_sampling import DynamicSamplingGRPOTrainer
+
+    stage = ctx.stage
+    rewards = build_rewards(stage.rewards, f"{stage.name}.rewards")
+    tokenizer = AutoTokenizer.from_pretrained(ctx.model, padding_side="left")
+    rows = prompt_rows(ctx, tokenizer)
+    args = trainer_args(GRPOConfig, ctx, **PAPER_DEFAULTS, reward_weights=[r.weight for r in rewards])
+    model = AutoModelForCausalLM.from_pretrained(ctx.model, dtype="auto")
+    checkpoint = last_checkpoint(ctx)
+    metrics_path = ctx.dir / "metrics.jsonl"
+    kwargs = dict(
+        model=model,
+        reward_funcs=[reward_registry.for_trl(r) for r in rewards],
+        args=args,
+        train_dataset=rows,
+        processing_class=tokenizer,
+        callbacks=[make_metrics_log(metrics_path, checkpoint_step(checkpoint) if checkpoint else None, ctx.is_main)],
+    )
+    if stage.dynamic_sampling:
+        trainer = DynamicSamplingGRPOTrainer(**kwargs, max_rounds=stage.dynamic_sampling_max_rounds)
+    else:
+        trainer = GRPOTrainer(**kwargs)
+    out = train_and_save(trainer, ctx)
+    return StageResult(model=out, metrics=summarize(read_metrics(metrics_path), rewards))
+
+
+def summarize(records: list[dict], rewards) -> dict[str, float]:
+    """First and last logged value of the figures a reasoning-RL user watches."""
+    out: dict[str, float] = {}
+    keys = ["reward"] + [f"rewards/{reward_registry.for_trl(r).__name__}/mean" for r in rewards]
+    keys += ["completions/mean_length", "completions/clipped_ratio"]
+    for key in keys:
+        values = [r[key] for r in records if key in r]
+        if values:
+            short = key.removeprefix("rewards/").removesuffix("/mean").replace("completions/", "")
+            out[f"{short}_first"], out[f"{short}_last"] = values[0], values[-1]
+    return out
+
+
+STAGE = StageKind(config=GRPOStage, run=run, trainer_config=lambda: __import__("trl").GRPOConfig, check=check)
