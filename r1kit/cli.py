@@ -5,6 +5,8 @@
     r1kit tiny-model OUTDIR                                   build the offline tiny model
     r1kit rewards list                                        registered rewards and parameters
     r1kit rewards score NAME [--input F] [--output F] [--param K=V ...]
+    r1kit eval --model M --benchmark B --output DIR [...]   evaluate with the R1 protocol (r1kit.evaluate)
+    r1kit eval compare DIR [DIR ...]                         evaluations side by side
 
 Bad input (recipe, override, data, parameters) prints one line ``r1kit: error: ...`` and exits 2.
 """
@@ -31,10 +33,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("recipe", help="recipe YAML file")
     run.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, stages by name: rl.trainer.learning_rate=1e-6")
     run.add_argument("--restart-from", metavar="STAGE", help="redo this stage and every stage after it")
+    run.add_argument("--accelerate-config", metavar="FILE", help="run under `accelerate launch` with this config (DDP, DeepSpeed, FSDP)")
 
     val = sub.add_parser("validate", help="check a recipe without running it", description="Load and check a recipe (and overrides); print the resolved stages.")
     val.add_argument("recipe")
     val.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    val.add_argument("--accelerate-config", metavar="FILE", help="also check this accelerate config file")
 
     tiny = sub.add_parser("tiny-model", help="build the offline tiny model", description="Build a tiny random Qwen2-style model and tokenizer offline.")
     tiny.add_argument("out_dir", metavar="OUTDIR")
@@ -49,7 +53,32 @@ def _parser() -> argparse.ArgumentParser:
     score.add_argument("--output", default="-", help="jsonl file (default: stdout)")
     score.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="reward parameter (repeatable)")
     score.add_argument("--batch-size", type=int, default=1024)
+
+    from r1kit import evaluate
+
+    evaluate.add_cli(sub)
     return p
+
+
+def _check_accelerate_config(path: str) -> None:
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    try:
+        load_config_from_file(path)
+    except (OSError, ValueError, TypeError) as exc:
+        raise RecipeError(f"{path}: not a valid accelerate config: {exc}") from None
+
+
+def _relaunch_under_accelerate(args) -> None:
+    """Replace this process with `accelerate launch --config_file FILE -m r1kit.cli run ...`."""
+    import os
+
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", args.accelerate_config]
+    cmd += ["-m", "r1kit.cli", "run", args.recipe, *args.overrides]
+    if args.restart_from:
+        cmd += ["--restart-from", args.restart_from]
+    sys.stdout.flush()
+    os.execv(sys.executable, cmd)
 
 
 def _cmd_run(args) -> None:
@@ -57,7 +86,13 @@ def _cmd_run(args) -> None:
     from r1kit.config import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
+    if args.accelerate_config:
+        _check_accelerate_config(args.accelerate_config)
+        pipeline.plan(recipe, args.restart_from)  # refuse before launching processes
+        _relaunch_under_accelerate(args)
     records = pipeline.run(recipe, restart_from=args.restart_from)
+    if not pipeline.is_main_process():
+        return
     for name, record in records.items():
         figures = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record["metrics"].items())
         print(f"{name}: {record['wall_s']:.1f}s {figures}")
@@ -69,6 +104,8 @@ def _cmd_validate(args) -> None:
     from r1kit.config import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
+    if args.accelerate_config:
+        _check_accelerate_config(args.accelerate_config)
     the_plan = pipeline.plan(recipe)
     for stage in recipe.stages:
         state = "finished" if stage.name in the_plan.done else "to run"
@@ -148,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "rewards":
             {"list": _cmd_rewards_list, "score": _cmd_rewards_score}[args.rewards_command](args)
+        elif args.command == "eval":
+            args.handler(args)
         else:
             COMMANDS[args.command](args)
     except (RecipeError, RewardError) as exc:

@@ -7,6 +7,10 @@
       <stage>/DONE.json        completion marker: config fingerprint, outputs, metrics, wall time
 
 A stage is done when its marker exists; markers are written atomically, after the stage's outputs.
+Under `accelerate launch` (or torchrun) every process runs the training stages together; only the
+main process writes the run folder's files, builds models and runs generation-only stages
+(rejection sampling, evaluation, which scale through vLLM's own parallelism instead), and the
+others wait for it at each stage boundary.
 Re-running a recipe skips finished stages and resumes an unfinished one (training stages pick up
 their last checkpoint). A finished stage whose config changed is refused unless the run says
 ``restart_from`` that stage (or an earlier one): then that stage and all after it are redone.
@@ -45,6 +49,14 @@ PACKAGES = ["r1kit", "torch", "transformers", "trl", "accelerate", "datasets", "
 
 def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
+
+
+def barrier() -> None:
+    """Wait for every process of a distributed run (a no-op in a single process)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from accelerate import PartialState
+
+        PartialState().wait_for_everyone()
 
 
 def write_json_atomic(path: Path, data) -> None:
@@ -146,14 +158,21 @@ def run(recipe: Recipe, restart_from: str | None = None) -> dict[str, dict]:
                 "started_at": datetime.now(timezone.utc).isoformat(),
             },
         )
-    model = resolve_model(recipe.model, recipe)
+    if main:
+        model = resolve_model(recipe.model, recipe)
+    barrier()
+    model = resolve_model(recipe.model, recipe)  # built by the main process: found on disk
     stage_models: dict[str, str] = {}
     datasets: dict[str, str] = {}
     records: dict[str, dict] = {}
     for stage in recipe.stages:
+        kind = stage_registry.get(stage.kind)
         if stage.name in the_plan.done:
             record = the_plan.done[stage.name]
             log.info("%s: finished earlier, skipped", stage.name)
+        elif not main and not kind.distributed:
+            barrier()  # the main process runs it alone; its marker tells the rest what it made
+            record = json.loads((out / stage.name / MARKER).read_text())
         else:
             start = stage_models.get(stage.model, stage.model) if stage.model else model
             start = resolve_model(start, recipe)
@@ -163,7 +182,7 @@ def run(recipe: Recipe, restart_from: str | None = None) -> dict[str, dict]:
             )
             log.info("%s: running (%s) from %s", stage.name, stage.kind, start)
             t0 = time.time()
-            result = stage_registry.get(stage.kind).run(ctx)
+            result = kind.run(ctx)
             digest, config = fingerprint(recipe, stage)
             record = {
                 "fingerprint": digest,
@@ -177,7 +196,8 @@ def run(recipe: Recipe, restart_from: str | None = None) -> dict[str, dict]:
             }
             if main:
                 write_json_atomic(out / stage.name / MARKER, record)
-            log.info("%s: done in %.1fs", stage.name, record["wall_s"])
+                log.info("%s: done in %.1fs", stage.name, record["wall_s"])
+            barrier()
         records[stage.name] = record
         if record["model"]:
             model = record["model"]

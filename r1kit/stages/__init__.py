@@ -20,6 +20,8 @@ from typing import Any, Callable
 _MODULES = {
     "sft": "r1kit.stages.sft",
     "grpo": "r1kit.stages.grpo",
+    "rejection": "r1kit.stages.rejection",
+    "eval": "r1kit.stages.evaluate",
 }
 
 
@@ -31,6 +33,8 @@ class StageKind:
     """Runs the stage."""
     trainer_config: Callable[[], type] | None = None
     """Returns the trainer library's config class for the `trainer:` block (imported lazily)."""
+    distributed: bool = True
+    """True: every process of a distributed run runs it (training). False: only the main process."""
     check: Callable[[Any], None] | None = None
     """Checks that need more than types (reward names, templates); raises RecipeError."""
 

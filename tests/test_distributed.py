@@ -1,0 +1,132 @@
+"""Multi-process runs through accelerate on CPU (2 processes, gloo): they match the single-process
+run in shape and loss trend, only the main process writes, and resume works."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from r1kit.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU_DDP = ROOT / "recipes" / "accelerate" / "cpu_ddp.yaml"
+TASK = {"source": "task:addition", "task": {"n": 200, "digits": 2}}
+
+
+def recipe(write_recipe, model, out, per_device, sft_steps=12, name="r.yaml"):
+    stages = [
+        {
+            "name": "sft",
+            "kind": "sft",
+            "format": "prompt_completion",
+            "data": TASK,
+            "trainer": {"max_steps": sft_steps, "per_device_train_batch_size": per_device, "learning_rate": 3.0e-3, "logging_steps": 2, "save_steps": 4},
+        },
+        {
+            "name": "rl",
+            "kind": "grpo",
+            "template": "plain",
+            "data": TASK,
+            "rewards": [{"name": "format", "mode": "lenient"}],
+            "trainer": {"max_steps": 3, "per_device_train_batch_size": per_device, "num_generations": 8, "max_completion_length": 24, "logging_steps": 1},
+        },
+    ]
+    return write_recipe({"model": str(model), "output_dir": str(out), "stages": stages}, name)
+
+
+def cli(*args, **popen) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "r1kit.cli", *args], env=env, text=True, **popen)
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants (torchrun workers leave the launcher's group)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    todo, tree = [pid], []
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo += children.get(p, [])
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_two_processes_match_one_in_shape_and_trend(write_recipe, tiny_model, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    single = recipe(write_recipe, tiny_model, tmp_path / "single", per_device=16, name="s.yaml")
+    double = recipe(write_recipe, tiny_model, tmp_path / "double", per_device=8, name="d.yaml")
+    assert cli("run", str(single)).wait() == 0
+    proc = cli("run", str(double), "--accelerate-config", str(CPU_DDP), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    log = proc.communicate()[0]
+    assert proc.returncode == 0, log[-3000:]
+    assert "rank1" in log or "world" in log.lower() or log.count("sft: running") == 2  # two processes ran
+
+    for stage in ("sft", "rl"):
+        one, two = metrics(tmp_path / "single" / stage / "metrics.jsonl"), metrics(tmp_path / "double" / stage / "metrics.jsonl")
+        steps = [m["step"] for m in two if "loss" in m]
+        assert steps == [m["step"] for m in one if "loss" in m]
+        assert steps == sorted(set(steps)), "only the main process writes metrics"
+    loss1 = [m["loss"] for m in metrics(tmp_path / "single" / "sft" / "metrics.jsonl") if "loss" in m]
+    loss2 = [m["loss"] for m in metrics(tmp_path / "double" / "sft" / "metrics.jsonl") if "loss" in m]
+    assert loss1[-1] < loss1[0] * 0.8 and loss2[-1] < loss2[0] * 0.8
+    assert abs(loss1[-1] - loss2[-1]) < 0.25 * loss1[0]
+    a = AutoModelForCausalLM.from_pretrained(tmp_path / "single" / "rl" / "model").state_dict()
+    b = AutoModelForCausalLM.from_pretrained(tmp_path / "double" / "rl" / "model").state_dict()
+    assert {k: v.shape for k, v in a.items()} == {k: v.shape for k, v in b.items()}
+    assert json.loads((tmp_path / "double" / "rl" / "DONE.json").read_text())["input_model"].endswith("sft/model")
+
+
+def test_killed_multiprocess_run_resumes(write_recipe, tiny_model, tmp_path):
+    path = recipe(write_recipe, tiny_model, tmp_path / "run", per_device=8, sft_steps=40)
+    proc = cli("run", str(path), "--accelerate-config", str(CPU_DDP), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    checkpoint = tmp_path / "run" / "sft" / "checkpoints" / "checkpoint-8" / "trainer_state.json"
+    deadline = time.time() + 300
+    while not checkpoint.exists():
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.2)
+    time.sleep(0.5)
+    kill_tree(proc.pid)
+    proc.wait()
+    time.sleep(2)  # nothing may live on to finish the stage
+    assert not (tmp_path / "run" / "sft" / "DONE.json").exists()
+    again = cli("run", str(path), "--accelerate-config", str(CPU_DDP), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    log = again.communicate()[0]
+    assert again.returncode == 0, log[-3000:]
+    assert "sft: resuming from" in log
+    steps = [m["step"] for m in metrics(tmp_path / "run" / "sft" / "metrics.jsonl") if "loss" in m]
+    assert steps == sorted(set(steps)) and steps[-1] == 40
+
+
+def test_shipped_accelerate_configs_validate(capsys):
+    configs = sorted((ROOT / "recipes" / "accelerate").glob("*.yaml"))
+    assert {c.stem for c in configs} >= {"ddp", "cpu_ddp", "zero2", "zero3", "fsdp"}
+    for config in configs:
+        assert main(["validate", str(ROOT / "recipes" / "r1_zero.yaml"), "--accelerate-config", str(config)]) == 0
+
+
+def test_bad_accelerate_config_is_refused(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("distributed_type: MULTI_GPU\nnum_processes: 2\nnot_a_key: 1\n")
+    assert main(["validate", str(ROOT / "recipes" / "r1_zero.yaml"), "--accelerate-config", str(bad)]) == 2
+    assert "not a valid accelerate config" in capsys.readouterr().err
