@@ -6,6 +6,7 @@ Rows carry ``id``, ``prompt``, ``answer`` (for verifiers), a worked ``completion
 GRPO, rejection sampling and evaluation alike.
 
 `addition`: multi-digit addition, with a chain of thought that adds column by column with carries.
+`chain`: the sum of several one-digit numbers, with a running-sum chain of thought.
 The split is a pure function of the problem (a hash), so train and test never share a problem,
 whatever `n` and `seed` are.
 
@@ -69,7 +70,40 @@ def addition(n: int = 1000, digits: int = 3, split: str = "train", seed: int = 0
     return rows
 
 
-TASKS = {"addition": addition}
+def chain(n: int = 1000, terms: int = 3, split: str = "train", seed: int = 0) -> list[dict]:
+    """`n` sums of `terms` one-digit numbers from `split`, with a running-sum chain of thought."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be train or test, got {split!r}")
+    rng = random.Random(f"chain-{terms}-{split}-{seed}")
+    rows, seen, attempts = [], set(), 0
+    while len(rows) < n:
+        attempts += 1
+        if attempts > 100 * n + 10_000:
+            raise ValueError(f"n={n} is more than the distinct {terms}-term sums in split {split!r}")
+        xs = [rng.randint(0, 9) for _ in range(terms)]
+        key = "+".join(map(str, xs))
+        if key in seen or _is_test(key) != (split == "test"):
+            continue
+        seen.add(key)
+        steps, total = [], xs[0]
+        for x in xs[1:]:
+            steps.append(f"{total}+{x}={total + x}")
+            total += x
+        prompt = f"What is {' + '.join(map(str, xs))}?"
+        completion = f"<think> {' , '.join(steps)} </think> <answer> {total} </answer>"
+        rows.append(
+            {
+                "id": f"chain-{split}-{len(rows)}",
+                "prompt": prompt,
+                "answer": str(total),
+                "completion": completion,
+                "messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}],
+            }
+        )
+    return rows
+
+
+TASKS = {"addition": addition, "chain": chain}
 
 
 def generate(name: str, split: str, args: dict) -> list[dict]:

