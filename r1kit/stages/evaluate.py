@@ -115,4 +115,4 @@ def run(ctx: StageContext) -> StageResult:
     return StageResult(metrics=metrics)
 
 
-STAGE = StageKind(config=EvalStage, run=run, check=check)
+STAGE = StageKind(config=EvalStage, run=run, check=check, distributed=False)
