@@ -24,4 +24,4 @@ test: $(VENV)/.installed $(VENV)/.vllm
 	$(PY) -m pytest
 
 demo: $(VENV)/.installed
-	$(VENV)/bin/r1kit run recipes/tiny_sft.yaml
+	$(VENV)/bin/r1kit run recipes/demo.yaml

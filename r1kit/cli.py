@@ -93,10 +93,15 @@ def _cmd_run(args) -> None:
     records = pipeline.run(recipe, restart_from=args.restart_from)
     if not pipeline.is_main_process():
         return
+    from r1kit import report
+
     for name, record in records.items():
         figures = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record["metrics"].items())
         print(f"{name}: {record['wall_s']:.1f}s {figures}")
-    print(f"run folder: {recipe.output_dir}")
+    path = report.write_report(recipe, records)
+    print()
+    print(report.accuracy_table(report.accuracy_rows(records)))
+    print(f"\nreport: {path}")
 
 
 def _cmd_validate(args) -> None:

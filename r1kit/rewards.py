@@ -12,6 +12,13 @@ sets them next to the reward's name (``{name: math_accuracy, weight: 1.0, fallba
 teaching it as wrong. A column named like one of the reward's parameters does not reach it: the
 parameter keeps its configured value.
 
+Any reward can be routed to part of the batch by dataset columns: ``when: {task: math}`` (or
+``{task: [math, code]}``) beside its name and weight scores only the samples whose ``task`` column
+holds one of the listed values and gives ``None`` to the others, so a mixed dataset can send math
+rows to ``math_accuracy`` and general rows to ``reward_model``. The function itself never sees the
+rows routed away. ``when`` is reserved next to ``name`` and ``weight``: no reward has a parameter of
+that name.
+
 Rewards are found by name through the ``r1kit.rewards`` entry-point group (the built-ins in the
 top-level ``rewards`` package register there too, see pyproject.toml), or by a
 ``"package.module:function"`` string for code that is not installed as a package.
@@ -114,8 +121,29 @@ class Reward:
     fn: RewardFn
     params: dict[str, Any] = field(default_factory=dict)
     weight: float = 1.0
+    when: dict[str, list] = field(default_factory=dict)
+    """Routing: score only samples whose column values are listed here; None for the rest."""
 
     def __call__(self, completions: list[str], **columns) -> list[float | None]:
+        if not self.when:
+            return self._score(completions, columns)
+        missing = [c for c in self.when if c not in columns]
+        if missing:
+            raise RewardError(
+                f"reward {self.name!r}: `when` routes on column {missing[0]!r}, which the batch lacks; "
+                f"columns: {', '.join(sorted(columns))}"
+            )
+        rows = [i for i in range(len(completions)) if all(columns[c][i] in v for c, v in self.when.items())]
+        scores: list[float | None] = [None] * len(completions)
+        if rows:
+            # Columns are lists aligned with `completions`; other keyword arguments (None, TRL's
+            # log_metric and log_extra callbacks) pass unchanged.
+            sub = {k: [v[i] for i in rows] if isinstance(v, list) else v for k, v in columns.items()}
+            for i, s in zip(rows, self._score([completions[i] for i in rows], sub)):
+                scores[i] = s
+        return scores
+
+    def _score(self, completions: list[str], columns: dict) -> list[float | None]:
         # A column that shares a parameter's name never overrides the parameter.
         names = parameters(self.fn)
         columns = {k: v for k, v in columns.items() if k not in names}
@@ -129,11 +157,22 @@ class Reward:
         return [None if s is None else float(s) for s in scores]
 
 
+def _check_when(name: str, when: Any) -> dict[str, list]:
+    """`when` as {column: [values]}; a single value stands for a list of one."""
+    if not isinstance(when, dict) or not all(isinstance(k, str) for k in when):
+        raise RewardError(f"reward {name!r}: `when` maps column names to a value or a list of values, e.g. {{task: math}}; got {when!r}")
+    return {k: list(v) if isinstance(v, (list, tuple)) else [v] for k, v in when.items()}
+
+
 def build(name: str, params: dict[str, Any] | None = None, weight: float = 1.0) -> Reward:
-    """Find reward `name` and bind `params`, checking names and types against its signature."""
+    """Find reward `name` and bind `params`, checking names and types against its signature.
+
+    ``params["when"]``, if present, is the routing (see the module docstring), not a parameter.
+    """
     fn = load(name)
     allowed = parameters(fn)
     params = dict(params or {})
+    when = _check_when(name, params.pop("when", {}))
     for key, value in params.items():
         if key not in allowed:
             listed = ", ".join(sorted(allowed)) or "none"
@@ -142,7 +181,7 @@ def build(name: str, params: dict[str, Any] | None = None, weight: float = 1.0) 
                 f"its parameters: {listed}"
             )
         params[key] = _check_type(name, key, value, allowed[key])
-    return Reward(name=name, fn=fn, params=params, weight=float(weight))
+    return Reward(name=name, fn=fn, params=params, weight=float(weight), when=when)
 
 
 def for_trl(reward: Reward) -> Callable[..., list[float | None]]:

@@ -1,0 +1,110 @@
+"""The run report: one markdown page and a few plots for a finished (or partly finished) run.
+
+    output_dir/report.md          stages with wall time; accuracy after each evaluated stage
+    output_dir/plots/<stage>.png  reward, per-reward accuracy and completion length over RL steps
+
+`write_report(recipe, records)` is called by `r1kit run` at the end of a run (main process only)
+and prints the accuracy table; it reads only what the stages left in the run folder (markers,
+metrics.jsonl), so it can be re-made at any time.
+
+Not here: the figures themselves (stages compute them; r1kit.evaluate defines pass@1 and cons@k).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _source_stage(model: str, records: dict[str, dict]) -> str:
+    """Which stage produced `model` ("start" for the recipe's own model)."""
+    for name, record in records.items():
+        if record.get("model") and record["model"] == model:
+            return name
+    return "start"
+
+
+def accuracy_rows(records: dict[str, dict]) -> list[dict]:
+    """One row per (eval stage, benchmark): the evaluated stage and its figures."""
+    rows = []
+    for name, record in records.items():
+        metrics = record.get("metrics", {})
+        benches = sorted({key.split("/")[0] for key in metrics if key.endswith("/pass@1")})
+        for bench in benches:
+            figures = {key.split("/", 1)[1]: value for key, value in metrics.items() if key.startswith(bench + "/")}
+            rows.append({"eval": name, "model": _source_stage(record["input_model"], records), "benchmark": bench, **figures})
+    return rows
+
+
+def _fmt(value) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def accuracy_table(rows: list[dict]) -> str:
+    if not rows:
+        return "(no eval stages)"
+    cons = next((k for k in rows[0] if k.startswith("cons@")), None)
+    cols = ["model", "benchmark", "pass@1"] + ([cons] if cons else []) + ["mean_tokens", "truncated"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in rows:
+        lines.append("| " + " | ".join(_fmt(row.get(c, "")) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def stage_table(recipe, records: dict[str, dict]) -> str:
+    lines = ["| stage | kind | wall time (s) |", "|---|---|---|"]
+    for stage in recipe.stages:
+        record = records.get(stage.name)
+        lines.append(f"| {stage.name} | {stage.kind} | {record['wall_s']:.1f} |" if record else f"| {stage.name} | {stage.kind} | not run |")
+    total = sum(r["wall_s"] for r in records.values())
+    lines.append(f"| **total** | | {total:.1f} |")
+    return "\n".join(lines)
+
+
+def plot_rl(metrics_file: Path, out: Path) -> bool:
+    """Reward, per-reward means and completion length over steps; False when nothing was logged."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [json.loads(line) for line in metrics_file.read_text().splitlines()] if metrics_file.exists() else []
+    records = [r for r in records if "reward" in r]
+    if not records:
+        return False
+    steps = [r["step"] for r in records]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    axes[0].plot(steps, [r["reward"] for r in records])
+    axes[0].set_title("total reward")
+    for key in sorted(k for k in records[0] if k.startswith("rewards/") and k.endswith("/mean")):
+        axes[1].plot(steps, [r.get(key) for r in records], label=key.split("/")[1])
+    axes[1].set_title("reward by verifier (mean)")
+    axes[1].legend(fontsize=8)
+    axes[2].plot(steps, [r["completions/mean_length"] for r in records], label="mean")
+    axes[2].plot(steps, [r["completions/max_length"] for r in records], label="max", alpha=0.6)
+    axes[2].set_title("completion length (tokens)")
+    axes[2].legend(fontsize=8)
+    for ax in axes:
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return True
+
+
+def write_report(recipe, records: dict[str, dict]) -> Path:
+    out = Path(recipe.output_dir)
+    rows = accuracy_rows(records)
+    parts = [f"# r1kit run report: {Path(recipe.source).name}", "", f"Run folder: `{out}` · seed {recipe.seed} · model `{recipe.model}`", ""]
+    parts += ["## Accuracy after each stage", "", accuracy_table(rows), ""]
+    parts += ["## Stages", "", stage_table(recipe, records), ""]
+    for stage in recipe.stages:
+        if stage.kind == "grpo" and plot_rl(out / stage.name / "metrics.jsonl", out / "plots" / f"{stage.name}.png"):
+            parts += [f"## RL curves: {stage.name}", "", f"![{stage.name}](plots/{stage.name}.png)", ""]
+    report = out / "report.md"
+    tmp = report.with_suffix(".md.tmp")
+    tmp.write_text("\n".join(parts))
+    tmp.replace(report)
+    return report

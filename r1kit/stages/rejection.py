@@ -1,0 +1,382 @@
+"""The `rejection` stage: sample N completions per prompt, keep the verified, clean ones.
+
+    - name: rejection
+      kind: rejection
+      data: {source: open-r1/OpenR1-Math-220k, prompt: problem, answer: answer}
+      template: chat                     # as the next grpo / eval stage will show prompts
+      think_prefill: true
+      rewards: [{name: math_accuracy}]   # as in a grpo stage, `when:` routing included
+      min_total: 1.0                     # keep a sample when its weighted reward total reaches this
+      samples: 16                        # per prompt, at temperature 0.6, top_p 0.95, max_tokens 32768
+      max_kept_per_prompt: 4
+      filters: {language: en}            # r1kit.filters: truncated, mixed language, code, repetition, duplicates...
+      mix: {source: HuggingFaceTB/smoltalk, subset: all, ratio: 0.33}    # non-reasoning conversations
+
+For each prompt the stage samples ``samples`` completions from its input model (the
+previous stage's model) through r1kit.sampling (``backend``: auto, transformers or vllm), scores
+them with the rewards, which see the same columns as in a grpo stage (the rendered ``prompt`` and
+the row's other columns), and passes a sample when its weighted reward total reaches
+``min_total``. The passing samples then meet the filters of r1kit.filters, and at most
+``max_kept_per_prompt`` of the survivors are kept, in sampling order.
+
+``mode: samples`` (the default) writes SFT rows to ``dataset.jsonl``; a following ``sft`` stage
+with ``data.source: <this stage's name>`` trains on them. Every row has ``prompt`` (the text the
+model continued, exactly as sampled, template and ``<think>`` prefill included) and
+``completion``; with ``template: chat`` it also has ``messages``: the user turn the chat template
+renders (the question with R1's guidance) and the assistant turn (prefill + completion), which the
+same chat template renders back into the sampled text. So the SFT model learns on what the next
+grpo or eval stage with the same template shows it: ``format: auto`` picks ``messages`` for chat
+rows and prompt/completion otherwise (a chat wrapper around an ``r1_zero`` prompt would change
+what the model sees). A chat template that strips reasoning from assistant turns (DeepSeek-R1's
+distilled models do) would drop the chain of thought from ``messages``: train those with
+``format: prompt_completion``. Provenance rides along: ``id`` (the prompt's ``id_column``, else
+its row number), ``sample``, ``rewards``, ``reward_total``, ``tokens``, ``sampling`` (model,
+backend, temperature, top_p, max_tokens, seed) and ``origin``. ``mix`` adds
+``ratio`` × (kept samples) conversations from a non-reasoning dataset (R1: ~600k reasoning and
+~200k non-reasoning samples), drawn at random with the recipe seed.
+
+``mode: pass_rate_filter`` samples and verifies the same way, but writes the prompt rows
+themselves (original columns plus ``pass_rate``) whose pass rate lies strictly between
+``min_pass_rate`` and ``max_pass_rate``: with the defaults, the prompts the model always or never
+solves, which give GRPO no signal, are dropped. A later grpo stage takes them as ``data.source``.
+
+``stats.json`` holds the pass rate of every prompt, the samples dropped by each filter (the first
+one that applies), and the totals; the stage's metrics repeat the totals.
+
+Resume: prompts go in chunks of ``chunk_prompts``; each finished chunk is one line appended to
+``journal.jsonl`` (flushed and fsynced). A killed run loses at most the chunk in flight; the next
+run drops a partial last line and does the remaining chunks. A chunk's sampling seed depends only
+on the recipe seed and the chunk's position, so a resumed run writes what an uninterrupted one
+would. ``dataset.jsonl`` and ``stats.json`` are written at the end, through a temporary file and a
+rename. A journal written with another config, model or seed is refused.
+
+Not here: training on the rows (sft / grpo stages), or more than one sampling process (on GPUs,
+pass ``tensor_parallel_size`` to vLLM in ``backend_options:``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from r1kit import data as data_lib
+from r1kit import rewards as reward_registry
+from r1kit import templates
+from r1kit.config import DataConfig, RecipeError, StageConfig, to_dict
+from r1kit.filters import REASONS, FilterConfig, filter_group
+from r1kit.stages import StageContext, StageKind, StageResult
+from r1kit.stages.grpo import build_rewards
+
+log = logging.getLogger("r1kit")
+
+JOURNAL, DATASET, STATS = "journal.jsonl", "dataset.jsonl", "stats.json"
+DROPS = ("failed",) + REASONS + ("over_cap",)  # every reason a sample is not kept, in the order applied
+
+
+@dataclass
+class MixConfig:
+    source: str | None = None
+    """Non-reasoning conversations (rows with messages): hub id, local file or stage name; null: no mixing."""
+    split: str = "train"
+    """Split of a hub dataset."""
+    subset: str | None = None
+    """Hub dataset configuration name."""
+    messages: str = "messages"
+    """Column holding the conversations."""
+    ratio: float = 0.33
+    """Mixed conversations per kept sample (R1: ~200k non-reasoning for ~600k reasoning)."""
+
+
+@dataclass(kw_only=True)
+class RejectionStage(StageConfig):
+    data: DataConfig
+    """Prompts; every other column reaches the rewards as a keyword argument."""
+    rewards: list[dict[str, Any]]
+    """The verifiers: {name, weight, when, <parameters>} each, as in a grpo stage."""
+    template: str = "r1_zero"
+    """Prompt template: r1_zero, chat, plain, or a string containing {prompt}."""
+    think_prefill: bool = False
+    """Start the model's turn with '<think>\\n'."""
+    mode: Literal["samples", "pass_rate_filter"] = "samples"
+    """samples: write SFT rows of kept samples; pass_rate_filter: write the prompts in the pass-rate band."""
+    samples: int = 16
+    """Completions sampled per prompt."""
+    min_total: float = 1.0
+    """A sample passes when its weighted reward total is at least this (1.0: a 0/1 verifier of weight 1 said yes)."""
+    max_kept_per_prompt: int | None = 4
+    """Cap on samples kept per prompt, so easy prompts do not dominate; null: no cap."""
+    min_pass_rate: float = 0.0
+    """pass_rate_filter: keep prompts whose pass rate is above this."""
+    max_pass_rate: float = 1.0
+    """pass_rate_filter: keep prompts whose pass rate is below this."""
+    id_column: str = "id"
+    """Column identifying a prompt in the rows written; its row number when the column is absent."""
+    temperature: float = 0.6
+    """Sampling temperature (R1 samples its models at 0.6); the seed comes from the recipe's."""
+    top_p: float = 0.95
+    """Nucleus sampling (R1: 0.95)."""
+    max_tokens: int = 32768
+    """Most new tokens per sample (R1: 32,768); samples cut there are dropped (filters.truncated)."""
+    backend: Literal["auto", "transformers", "vllm"] = "auto"
+    """Sampling backend: auto takes vLLM when it is installed."""
+    backend_options: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the backend, as in an eval stage: vllm.LLM's (tensor_parallel_size, ...) or batch_size."""
+    chunk_prompts: int = 64
+    """Prompts per sampling call and per journal line: the most work a killed run loses."""
+    filters: FilterConfig = field(default_factory=FilterConfig)
+    """Filters of the passing samples (r1kit.filters)."""
+    mix: MixConfig = field(default_factory=MixConfig)
+    """Non-reasoning conversations mixed into the SFT rows."""
+
+
+def check(stage: RejectionStage) -> None:
+    from rewards.language import SCRIPTS
+
+    if not stage.rewards:
+        raise RecipeError(f"{stage.name}.rewards: a rejection stage needs at least one reward to verify samples")
+    build_rewards(stage.rewards, f"{stage.name}.rewards")
+    problem = templates.check(stage.template)
+    if problem:
+        raise RecipeError(f"{stage.name}.template: {problem}")
+    for key in ("samples", "chunk_prompts"):
+        if getattr(stage, key) < 1:
+            raise RecipeError(f"{stage.name}.{key}: must be at least 1, got {getattr(stage, key)}")
+    if not 0.0 <= stage.min_pass_rate < stage.max_pass_rate <= 1.0:
+        raise RecipeError(
+            f"{stage.name}: need 0 <= min_pass_rate < max_pass_rate <= 1, got {stage.min_pass_rate} and {stage.max_pass_rate}"
+        )
+    if stage.filters.language not in SCRIPTS:
+        raise RecipeError(f"{stage.name}.filters.language: {stage.filters.language!r} is not one of {', '.join(SCRIPTS)}")
+    if stage.mix.source is not None and (stage.mode != "samples" or stage.template != "chat"):
+        raise RecipeError(
+            f"{stage.name}.mix: mixing conversations needs mode: samples and template: chat, so that sampled "
+            "and mixed rows train through the same chat template"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Which samples of one prompt are kept
+
+
+def select(totals: list[float], samples: list, stage: RejectionStage) -> list[str | None]:
+    """Why each sample of one prompt (a Completion) is dropped (a name from DROPS), or None to keep it."""
+    reasons: list[str | None] = [None if t >= stage.min_total else "failed" for t in totals]
+    passing = [samples[i] for i, r in enumerate(reasons) if r is None]
+    verdicts = iter(filter_group([c.text for c in passing], [c.tokens for c in passing], [c.truncated for c in passing], stage.filters))
+    reasons = [next(verdicts) if r is None else r for r in reasons]
+    if stage.max_kept_per_prompt is not None:
+        for i in [i for i, r in enumerate(reasons) if r is None][stage.max_kept_per_prompt :]:
+            reasons[i] = "over_cap"
+    return reasons
+
+
+def chat_user_turn(question: str) -> str:
+    """The user turn that templates.render("chat") builds around a question."""
+    return f"{question}\n{templates.R1_GUIDANCE}"
+
+
+def row_keys(stage: RejectionStage) -> tuple[str, ...]:
+    # Only chat rows carry `messages`: the sft stage's `format: auto` then picks the form that
+    # reproduces the sampled text (messages for chat, prompt/completion otherwise).
+    rest = ("prompt", "completion", "id", "sample", "rewards", "reward_total", "tokens", "sampling", "origin")
+    return (("messages",) if stage.template == "chat" else ()) + rest
+
+
+# ---------------------------------------------------------------------------------------------
+# One chunk of prompts
+
+
+def run_chunk(ctx: StageContext, rows, ids: list[str], start: int, sampler, tokenizer, rewards) -> list[dict]:
+    """Sample, verify and filter the prompts rows[start:start+chunk]; one record per prompt."""
+    from r1kit.sampling import SamplingParams
+
+    stage, cfg, n = ctx.stage, ctx.stage.data, ctx.stage.samples
+    batch = rows[start : start + stage.chunk_prompts]  # column -> list
+    questions = batch[cfg.prompt]
+    prompts = [templates.render(stage.template, q, tokenizer, stage.think_prefill) for q in questions]
+    # Seeds partition by prompt position: a chunk samples the same whether or not a run resumed.
+    params = SamplingParams(stage.temperature, stage.top_p, stage.max_tokens, seed=ctx.recipe.seed + start * n)
+    samples = sampler.generate_full(prompts, n, params)
+    texts = [c.text for group in samples for c in group]
+    # The rewards see what they see in a grpo stage: the rendered prompt and the other columns.
+    hidden = {cfg.prompt, "prompt", "completion", "messages"}
+    columns = {k: [v for v in vs for _ in range(n)] for k, vs in batch.items() if k not in hidden}
+    columns["prompt"] = [p for p in prompts for _ in range(n)]
+    scores = reward_registry.score(rewards, texts, **columns)
+    totals = reward_registry.weighted_total(scores, rewards)
+    provenance = {"model": ctx.model, "backend": sampler.backend, "temperature": params.temperature}
+    provenance |= {"top_p": params.top_p, "max_tokens": params.max_tokens, "seed": params.seed}
+    prefill = templates.THINK_PREFILL if stage.think_prefill else ""
+    records = []
+    for j, (question, prompt, group) in enumerate(zip(questions, prompts, samples)):
+        group_totals = totals[j * n : (j + 1) * n]
+        passed = sum(t >= stage.min_total for t in group_totals)
+        record = {"index": start + j, "id": ids[start + j], "passed": passed, "dropped": {}, "rows": []}
+        if stage.mode == "samples":
+            reasons = select(group_totals, group, stage)
+            record["dropped"] = dict(Counter(r for r in reasons if r is not None))
+            for k, (c, reason) in enumerate(zip(group, reasons)):
+                if reason is not None:
+                    continue
+                row = {
+                    "messages": [
+                        {"role": "user", "content": chat_user_turn(question)},
+                        {"role": "assistant", "content": prefill + c.text},
+                    ],
+                    "prompt": prompt,
+                    "completion": c.text,
+                    "id": ids[start + j],
+                    "sample": k,
+                    "rewards": {name: s[j * n + k] for name, s in scores.items()},
+                    "reward_total": group_totals[k],
+                    "tokens": c.tokens,
+                    "sampling": provenance,
+                    "origin": "sampled",
+                }
+                record["rows"].append({key: row[key] for key in row_keys(stage)})
+        records.append(record)
+    return records
+
+
+# ---------------------------------------------------------------------------------------------
+# The journal: append-only progress that survives a kill
+
+
+class Journal:
+    """``journal.jsonl``: a header line (what the samples depend on), then one line per finished chunk."""
+
+    def __init__(self, path: Path, header: dict):
+        self.path = path
+        self.chunks: dict[int, list[dict]] = {}
+        header = json.loads(json.dumps(header, default=str))  # as it reads back
+        data = path.read_bytes() if path.exists() else b""
+        end = data.rfind(b"\n") + 1  # past the last complete line
+        lines = data[:end].decode().splitlines()
+        if lines and json.loads(lines[0])["header"] != header:
+            raise RecipeError(
+                f"{path} was written with another config, model or seed; delete {path.parent} to start the stage over"
+            )
+        if end < len(data):  # a kill in the middle of a write: that chunk is redone
+            log.warning("%s: dropping a partial last line (%d bytes)", path, len(data) - end)
+            with open(path, "r+b") as f:
+                f.truncate(end)
+                os.fsync(f.fileno())
+        if not lines:
+            self.append({"header": header})
+        for line in lines[1:]:
+            record = json.loads(line)
+            self.chunks[record["chunk"]] = record["prompts"]
+
+    def add(self, chunk: int, prompts: list[dict]) -> None:
+        self.append({"chunk": chunk, "prompts": prompts})
+        self.chunks[chunk] = prompts
+
+    def append(self, record: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record, default=str) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def write_atomic(path: Path, lines: list[str]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.writelines(line + "\n" for line in lines)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# The stage
+
+
+def mixed_rows(ctx: StageContext, kept: int) -> list[dict]:
+    """round(ratio × kept) conversations drawn at random (recipe seed) from the mix source."""
+    mix, stage = ctx.stage.mix, ctx.stage
+    want = round(mix.ratio * kept)
+    if mix.source is None or want == 0:
+        return []
+    source = ctx.resolve_data_source(mix.source)
+    ds = data_lib.load_source(source, mix.split, mix.subset)
+    data_lib.require_columns(ds, [mix.messages], source, f"rejection stage {stage.name!r} (mix)")
+    if want > len(ds):
+        log.warning("%s: mix wants %d conversations, %s has %d: taking all", stage.name, want, mix.source, len(ds))
+    picked = sorted(random.Random(ctx.recipe.seed).sample(range(len(ds)), min(want, len(ds))))
+    out = []
+    for i, messages in zip(picked, ds.select(picked)[mix.messages]):
+        # role and content only: other message fields (tool calls, names) would break the rows' schema
+        row = {"messages": [{"role": m["role"], "content": m["content"]} for m in messages], "id": f"{mix.source}#{i}", "origin": mix.source}
+        out.append({key: row.get(key) for key in row_keys(stage)})
+    return out
+
+
+def run(ctx: StageContext) -> StageResult:
+    stage, cfg = ctx.stage, ctx.stage.data
+    rewards = build_rewards(stage.rewards, f"{stage.name}.rewards")
+    rows = data_lib.load_rows(cfg, ctx)
+    data_lib.require_columns(rows, [cfg.prompt], ctx.resolve_data_source(cfg.source), f"rejection stage {stage.name!r}")
+    ids = [str(x) for x in rows[stage.id_column]] if stage.id_column in rows.column_names else [str(i) for i in range(len(rows))]
+    journal = Journal(ctx.dir / JOURNAL, {"stage": to_dict(stage), "model": ctx.model, "seed": ctx.recipe.seed})
+    starts = range(0, len(rows), stage.chunk_prompts)
+    todo = [s for s in starts if s // stage.chunk_prompts not in journal.chunks]
+    if journal.chunks:
+        log.info("%s: resuming, %d of %d chunks already done", stage.name, len(starts) - len(todo), len(starts))
+    if todo:
+        from transformers import AutoTokenizer
+
+        from r1kit.sampling import load_sampler
+
+        tokenizer = AutoTokenizer.from_pretrained(ctx.model)
+        sampler = load_sampler(ctx.model, stage.backend, **stage.backend_options)
+        for start in todo:
+            records = run_chunk(ctx, rows, ids, start, sampler, tokenizer, rewards)
+            journal.add(start // stage.chunk_prompts, records)
+            log.info(
+                "%s: prompts %d-%d of %d, passed %d/%d samples, kept %d",
+                stage.name, start, start + len(records) - 1, len(rows),
+                sum(r["passed"] for r in records), len(records) * stage.samples, sum(len(r["rows"]) for r in records),
+            )
+    prompts = [p for chunk in sorted(journal.chunks) for p in journal.chunks[chunk]]
+    return publish(ctx, rows, prompts)
+
+
+def publish(ctx: StageContext, rows, prompts: list[dict]) -> StageResult:
+    """dataset.jsonl and stats.json from the journal's prompt records, each written atomically."""
+    stage = ctx.stage
+    rates = [p["passed"] / stage.samples for p in prompts]
+    if stage.mode == "samples":
+        out = [row for p in prompts for row in p["rows"]]
+        kept = [len(p["rows"]) for p in prompts]
+    else:
+        kept = [stage.min_pass_rate < r < stage.max_pass_rate for r in rates]
+        out = [{**rows[p["index"]], "pass_rate": r} for p, r, keep in zip(prompts, rates, kept) if keep]
+    sampled = len(out)
+    out += mixed_rows(ctx, sampled)
+    dropped = sum((Counter(p["dropped"]) for p in prompts), Counter())
+    dropped = {k: dropped[k] for k in DROPS} if stage.mode == "samples" else {}
+    totals = {
+        "prompts": len(prompts),
+        "samples": len(prompts) * stage.samples,
+        "passed": sum(p["passed"] for p in prompts),
+        "pass_rate": sum(rates) / len(rates) if rates else 0.0,
+        "prompts_all_passed": rates.count(1.0),
+        "prompts_none_passed": rates.count(0.0),
+        "kept": sampled,
+        "mixed": len(out) - sampled,
+    }
+    per_prompt = [{"id": p["id"], "pass_rate": r, "kept": k} for p, r, k in zip(prompts, rates, kept)]
+    dataset = ctx.dir / DATASET
+    write_atomic(dataset, [json.dumps(r, default=str) for r in out])
+    write_atomic(ctx.dir / STATS, [json.dumps({"mode": stage.mode, **totals, "dropped": dropped, "per_prompt": per_prompt}, indent=1)])
+    log.info("%s: wrote %d rows to %s", stage.name, len(out), dataset)
+    return StageResult(dataset=str(dataset), metrics=totals | {f"dropped_{k}": v for k, v in dropped.items() if v})
+
+
+STAGE = StageKind(config=RejectionStage, run=run, check=check)

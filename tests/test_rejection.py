@@ -1,0 +1,209 @@
+"""The rejection stage on the tiny cold-started model: kept samples verify, statistics add up, chat
+rows render back to the sampled text, pass-rate filtering feeds a grpo stage, and a run killed
+with SIGKILL resumes to exactly what an uninterrupted run writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_grpo import cold_start  # noqa: F401  (session fixture: the tiny model after a short SFT)
+
+from r1kit import pipeline
+from r1kit.config import DataConfig, RecipeError, load_recipe
+from r1kit.filters import normalize
+from r1kit.stages.rejection import DROPS, RejectionStage, select
+from r1kit.tasks import addition
+
+
+def stage(n=24, **extra):
+    return {
+        "name": "rej",
+        "kind": "rejection",
+        "template": "plain",
+        "data": {"source": "task:addition", "task": {"n": n, "digits": 1}},
+        "rewards": [{"name": "math_accuracy"}],
+        "samples": 8,
+        "max_kept_per_prompt": 3,
+        "chunk_prompts": 4,
+        "backend": "transformers",
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "max_tokens": 32,
+        **extra,
+    }
+
+
+def read_rows(path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def always_right(completions, **columns):
+    """1.0 for every sample (to keep whatever the filters keep)."""
+    return [1.0] * len(completions)
+
+
+def test_kept_samples_verify_and_statistics_add_up(write_recipe, cold_start, tmp_path):  # noqa: F811
+    record = pipeline.run(load_recipe(write_recipe({"model": str(cold_start), "stages": [stage()]})))["rej"]
+    out = tmp_path / "run" / "rej"
+    assert record["model"] is None and record["dataset"] == str(out / "dataset.jsonl")
+    rows, stats = read_rows(record["dataset"]), json.loads((out / "stats.json").read_text())
+    task = {r["id"]: r for r in addition(n=24, digits=1, seed=42)}
+    assert rows and stats["dropped"]["failed"] > 0  # the model is right sometimes, not always
+
+    from rewards.math import math_accuracy
+
+    assert math_accuracy([r["completion"] for r in rows], answer=[task[r["id"]]["answer"] for r in rows]) == [1.0] * len(rows)
+    for r in rows:
+        assert "messages" not in r  # a plain template: prompt/completion rows, trained as sampled
+        assert r["prompt"] == task[r["id"]]["prompt"] and r["origin"] == "sampled"
+        assert r["rewards"] == {"math_accuracy": 1.0} and r["reward_total"] == 1.0 and 0 <= r["sample"] < 8
+        assert r["sampling"] | {"seed": 0} == {"model": str(cold_start), "backend": "transformers", "temperature": 1.0, "top_p": 1.0, "max_tokens": 32, "seed": 0}
+    by_prompt: dict[str, list] = {}
+    for r in rows:
+        by_prompt.setdefault(r["id"], []).append(normalize(r["completion"]))
+    assert all(len(v) <= 3 and len(set(v)) == len(v) for v in by_prompt.values())
+
+    assert stats["prompts"] == 24 and stats["samples"] == 24 * 8 and stats["kept"] == len(rows)
+    assert set(stats["dropped"]) == set(DROPS)
+    assert sum(stats["dropped"].values()) + stats["kept"] == stats["samples"]
+    assert stats["passed"] == stats["samples"] - stats["dropped"]["failed"]
+    assert [p["kept"] for p in stats["per_prompt"]] == [len(by_prompt.get(i, [])) for i in task]
+    assert stats["pass_rate"] == pytest.approx(sum(p["pass_rate"] for p in stats["per_prompt"]) / 24)
+    assert record["metrics"]["kept"] == len(rows) and record["metrics"]["pass_rate"] == stats["pass_rate"]
+
+
+def test_chat_rows_render_back_to_the_sampled_text_and_mixed_rows_train(write_recipe, cold_start, tmp_path):  # noqa: F811
+    from transformers import AutoTokenizer
+
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(
+        json.dumps({"messages": [{"role": "user", "content": f"Say {i}."}, {"role": "assistant", "content": str(i), "name": "x"}]}) + "\n"
+        for i in range(40)
+    ))
+    rej = stage(
+        n=6,
+        template="chat",
+        think_prefill=True,
+        rewards=[{"name": f"{__name__}:always_right"}],
+        samples=2,
+        filters={"truncated": False, "repetition": False, "mixed_language": False},
+        mix={"source": str(chats), "ratio": 0.5},
+    )
+    sft = {"name": "sft", "kind": "sft", "data": {"source": "rej"}, "trainer": {"max_steps": 2, "per_device_train_batch_size": 4}}
+    records = pipeline.run(load_recipe(write_recipe({"model": str(cold_start), "stages": [rej, sft]})))
+    rows = read_rows(records["rej"]["dataset"])
+    sampled = [r for r in rows if r["origin"] == "sampled"]
+    mixed = [r for r in rows if r["origin"] == str(chats)]
+    assert sampled and len(mixed) == round(0.5 * len(sampled)) and len(rows) == len(sampled) + len(mixed)
+    tok = AutoTokenizer.from_pretrained(cold_start)
+    for r in sampled:
+        assert r["prompt"].endswith("<|im_start|>assistant\n<think>\n")
+        # the conversation renders into exactly the text the model continued, then the sample
+        assert tok.apply_chat_template(r["messages"], tokenize=False) == r["prompt"] + r["completion"] + "<|im_end|>\n"
+    for r in mixed:
+        assert r["prompt"] is None and r["messages"][1] == {"role": "assistant", "content": r["id"].rpartition("#")[2]}
+    assert records["sft"]["metrics"]["rows"] == len(rows)  # the next sft stage trained on all of them
+
+
+def test_pass_rate_filter_writes_the_prompts_in_the_band_for_grpo(write_recipe, cold_start, tmp_path):  # noqa: F811
+    rej = stage(n=16, mode="pass_rate_filter", min_pass_rate=0.1)
+    grpo = {
+        "name": "rl",
+        "kind": "grpo",
+        "template": "plain",
+        "data": {"source": "rej"},
+        "rewards": [{"name": "math_accuracy"}],
+        "trainer": {"max_steps": 1, "per_device_train_batch_size": 8, "num_generations": 4, "max_completion_length": 16},
+    }
+    records = pipeline.run(load_recipe(write_recipe({"model": str(cold_start), "stages": [rej, grpo]})))
+    rows = read_rows(records["rej"]["dataset"])
+    stats = json.loads((tmp_path / "run" / "rej" / "stats.json").read_text())
+    task = {r["id"]: r for r in addition(n=16, digits=1, seed=42)}
+    band = [p for p in stats["per_prompt"] if 0.1 < p["pass_rate"] < 1.0]
+    assert rows and len(band) < 16 and stats["kept"] == len(rows) and stats["dropped"] == {}
+    assert [r["id"] for r in rows] == [p["id"] for p in band]
+    for r, p in zip(rows, band):
+        assert r == {**task[r["id"]], "pass_rate": p["pass_rate"]}  # the original row, plus its pass rate
+    assert records["rl"]["input_model"] == str(cold_start) and records["rl"]["model"]
+
+
+def test_select_verifies_filters_then_caps():
+    from r1kit.sampling import Completion
+
+    cfg = RejectionStage(name="r", kind="rejection", data=DataConfig(source="x"), rewards=[], max_kept_per_prompt=2, min_total=1.5)
+    good = ["<think> add them </think> 7", "<think> add them up </think> 7", "<think> carry one </think> 7", "<think> sum </think> 7"]
+    texts = good[:1] + ["<think> 加 them </think> 7", good[0].upper(), good[1], good[2], good[3], "wrong"]
+    totals = [1.5, 2.0, 1.5, 1.5, 1.5, 1.5, 1.0]
+    samples = [Completion(text=t, tokens=5, truncated=False) for t in texts]
+    assert select(totals, samples, cfg) == [None, "mixed_language", "exact_duplicate", None, "over_cap", "over_cap", "failed"]
+    cfg.max_kept_per_prompt = None
+    samples[4].truncated = True
+    assert select(totals, samples, cfg)[3:] == [None, "truncated", None, "failed"]
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        ({"rewards": []}, "rej.rewards: a rejection stage needs at least one reward"),
+        ({"mix": {"source": "chats.jsonl"}}, "rej.mix: mixing conversations needs mode: samples and template: chat"),
+        ({"min_pass_rate": 0.5, "max_pass_rate": 0.5}, "need 0 <= min_pass_rate < max_pass_rate <= 1"),
+        ({"filters": {"langauge": "en"}}, "rej.filters: unknown key 'langauge' (did you mean 'language'?)"),
+        ({"filters": {"language": "xx"}}, "rej.filters.language: 'xx' is not one of en, zh"),
+        ({"backend": "sglang"}, "rej.backend: 'sglang' is not allowed"),
+        ({"rewards": [{"name": "math_accuracy", "when": 3}]}, "rej.rewards[0]: reward 'math_accuracy': `when` maps column names"),
+    ],
+)
+def test_config_errors(write_recipe, tmp_path, extra, expected):
+    with pytest.raises(RecipeError) as err:
+        load_recipe(write_recipe({"model": "tiny", "stages": [stage(**extra)]}))
+    assert expected in str(err.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Resume
+
+
+def finished_chunks(journal: Path) -> int:
+    return journal.read_bytes().count(b"\n") - 1 if journal.exists() else 0  # minus the header line
+
+
+def test_resume_after_sigkill_loses_nothing_and_duplicates_nothing(write_recipe, cold_start, tmp_path):  # noqa: F811
+    rej = stage(n=32, samples=4, chunk_prompts=2)
+    whole = write_recipe({"model": str(cold_start), "output_dir": str(tmp_path / "whole"), "stages": [rej]}, "whole.yaml")
+    expected = read_rows(pipeline.run(load_recipe(whole))["rej"]["dataset"])
+
+    killed = write_recipe({"model": str(cold_start), "output_dir": str(tmp_path / "killed"), "stages": [rej]}, "killed.yaml")
+    out = tmp_path / "killed" / "rej"
+    command = [sys.executable, "-m", "r1kit.cli", "run", str(killed)]
+    proc = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    while finished_chunks(out / "journal.jsonl") < 2:
+        assert proc.poll() is None, "the run ended before it could be killed"
+        assert time.time() < deadline
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)  # the whole group: the run and its reward workers
+    proc.wait()
+    done = finished_chunks(out / "journal.jsonl")
+    assert 2 <= done < 16 and not (out / "dataset.jsonl").exists() and not (out / "DONE.json").exists()
+    with open(out / "journal.jsonl", "a") as f:  # as a kill in the middle of a write leaves it
+        f.write('{"chunk": 15, "prompts": [{"index": 30, "id": "addi')
+
+    with pytest.raises(RecipeError, match="written with another config"):
+        pipeline.run(load_recipe(killed, ["rej.samples=5"]))
+
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming, {done} of 16 chunks already done" in resumed.stderr
+    assert "dropping a partial last line" in resumed.stderr
+    got = read_rows(out / "dataset.jsonl")
+    key = lambda rows: sorted((r["id"], r["sample"], r["completion"]) for r in rows)  # noqa: E731
+    assert len(set(key(got))) == len(got)  # no duplicates
+    assert key(got) == key(expected)  # no loss, nothing extra
+    assert json.loads((out / "stats.json").read_text()) == json.loads((tmp_path / "whole" / "rej" / "stats.json").read_text())

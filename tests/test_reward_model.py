@@ -1,0 +1,172 @@
+"""The reward-model reward on a tiny offline classifier, and per-sample routing (`when:`) of any
+reward by a dataset column, alone and inside a grpo stage mixing rule and model rewards."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from r1kit import pipeline, rewards
+from r1kit.cli import main
+from r1kit.config import load_recipe
+from r1kit.rewards import RewardError
+
+THOUGHT = "<think> 40 plus 2 is 42, let me double check the tens and the units. </think> "
+
+
+@pytest.fixture(scope="module")
+def tiny_rm(tiny_model, tmp_path_factory) -> str:
+    """A random Qwen2 sequence classifier (one output) with the tiny model's tokenizer."""
+    import torch
+    from transformers import AutoConfig, AutoTokenizer, Qwen2ForSequenceClassification
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    config = AutoConfig.from_pretrained(tiny_model, num_labels=1, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    model = Qwen2ForSequenceClassification(config)
+    torch.nn.init.normal_(model.score.weight, std=1.0)  # scores far enough apart to compare
+    out = tmp_path_factory.mktemp("rm") / "rm"
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return str(out)
+
+
+def score(rm, completions, **params_and_columns):
+    from rewards.reward_model import reward_model
+
+    return reward_model(completions, model=rm, **params_and_columns)
+
+
+def test_scores_the_chat_formatted_question_and_summary(tiny_rm):
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_rm)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_rm)
+    text = tok.apply_chat_template([{"role": "user", "content": "What is 40 + 2?"}, {"role": "assistant", "content": "It is 42."}], tokenize=False)
+    with torch.no_grad():
+        expected = model(**tok(text, return_tensors="pt", add_special_tokens=False)).logits[0, 0].item()
+    got = score(tiny_rm, [THOUGHT + "It is 42."], prompt=["What is 40 + 2?"])
+    assert got == pytest.approx([expected], abs=1e-5)
+
+
+def test_summary_scores_only_the_text_after_think(tiny_rm):
+    summary = score(tiny_rm, [THOUGHT + "It is 42."], prompt=["q"])
+    assert summary == pytest.approx(score(tiny_rm, ["It is 42."], prompt=["q"], text="full"), abs=1e-6)
+    full = score(tiny_rm, [THOUGHT + "It is 42."], prompt=["q"], text="full")
+    assert abs(full[0] - summary[0]) > 1e-3
+    assert score(tiny_rm, ["no tags at all"], prompt=["q"]) == pytest.approx(score(tiny_rm, ["no tags at all"], prompt=["q"], text="full"))
+
+
+def test_batches_score_like_single_samples(tiny_rm):
+    texts = ["42", THOUGHT + "The sum is 42, since 40 + 2 = 42 and nothing carries.", "It is 41.", THOUGHT + "42"]
+    prompts = ["What is 40 + 2?"] * 4
+    batched = score(tiny_rm, texts, prompt=prompts, batch_size=4)
+    single = [score(tiny_rm, [t], prompt=[p], batch_size=1)[0] for t, p in zip(texts, prompts)]
+    assert batched == pytest.approx(single, abs=1e-4)  # padding does not move the score
+    assert len(set(round(s, 4) for s in batched)) > 1
+
+
+def test_question_column_and_normalisation(tiny_rm):
+    raw = score(tiny_rm, ["It is 42."], prompt=["What is 40 + 2?"])[0]
+    assert score(tiny_rm, ["It is 42."], prompt=["Name a colour."])[0] != pytest.approx(raw, abs=1e-4)
+    assert score(tiny_rm, ["It is 42."], question=["What is 40 + 2?"], prompt=["other"], prompt_column="question")[0] == pytest.approx(raw)
+    assert score(tiny_rm, ["It is 42."], prompt=["What is 40 + 2?"], normalize="sigmoid")[0] == pytest.approx(1 / (1 + math.exp(-raw)))
+
+
+def test_loaded_once_per_process_and_registered(tiny_rm):
+    from rewards.reward_model import load
+
+    load.cache_clear()
+    reward = rewards.build("reward_model", {"model": tiny_rm, "normalize": "sigmoid"})
+    for _ in range(3):
+        assert all(0 < s < 1 for s in reward(["a", "b"], prompt=["q", "q"]))
+    assert load.cache_info().misses == 1 and load.cache_info().hits == 2
+
+
+def test_reward_model_errors(tiny_rm, tiny_model, tmp_path):
+    from transformers import AutoConfig, Qwen2ForSequenceClassification
+
+    with pytest.raises(RewardError, match="set `model`"):
+        rewards.build("reward_model")(["x"])
+    with pytest.raises(RewardError, match="text must be one of"):
+        score(tiny_rm, ["x"], text="answer")
+    two = Qwen2ForSequenceClassification(AutoConfig.from_pretrained(tiny_model, num_labels=2))
+    two.save_pretrained(tmp_path / "two")
+    __import__("transformers").AutoTokenizer.from_pretrained(tiny_model).save_pretrained(tmp_path / "two")
+    with pytest.raises(RewardError, match="2 outputs"):
+        score(str(tmp_path / "two"), ["x"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Routing: any reward scores only the samples its `when:` selects
+
+
+CALLS: list[dict] = []
+
+
+def spy(completions, *, bonus: float = 1.0, **columns):
+    """Records what it is called with; scores len(completion) + bonus."""
+    CALLS.append({"completions": list(completions), **columns})
+    return [len(c) + bonus for c in completions]
+
+
+def test_routing_scores_only_matching_rows():
+    CALLS.clear()
+    reward = rewards.build(f"{__name__}:spy", {"when": {"task": "math"}, "bonus": 0.5})
+    got = reward(["aa", "bbb", "c", "dddd"], task=["math", "code", "math", "general"], answer=["1", None, "3", None], completion_ids=None)
+    assert got == [2.5, None, 1.5, None]
+    assert CALLS == [{"completions": ["aa", "c"], "task": ["math", "math"], "answer": ["1", "3"], "completion_ids": None}]
+    several = rewards.build(f"{__name__}:spy", {"when": {"task": ["math", "code"], "lang": "en"}})
+    assert several(["a", "b", "c"], task=["math", "code", "math"], lang=["en", "en", "fr"]) == [2.0, 2.0, None]
+    CALLS.clear()
+    assert reward(["a"], task=["general"]) == [None] and CALLS == []  # nothing routed: not called at all
+    assert rewards.build(f"{__name__}:spy")(["a"], task=["general"]) == [2.0]  # no `when`: every row
+
+
+def test_routing_with_builtin_rewards_and_totals():
+    acc = rewards.build("math_accuracy", {"when": {"task": "math"}})
+    fmt = rewards.build("format", {"mode": "lenient"}, weight=0.5)
+    texts = ["<think> x </think> <answer> 7 </answer>", "<think> x </think> <answer> hi </answer>"]
+    scores = rewards.score([acc, fmt], texts, task=["math", "general"], answer=["7", None])
+    assert scores == {"math_accuracy": [1.0, None], "format": [1.0, 1.0]}
+    assert rewards.weighted_total(scores, [acc, fmt]) == [1.5, 0.5]
+
+
+def test_routing_errors_name_the_problem(write_recipe, tiny_model, capsys):
+    with pytest.raises(RewardError, match="routes on column 'task', which the batch lacks"):
+        rewards.build("format", {"when": {"task": "math"}})(["x"], answer=["1"])
+    with pytest.raises(RewardError, match="`when` maps column names"):
+        rewards.build("format", {"when": "math"})
+    rl = {"name": "rl", "kind": "grpo", "data": {"source": "task:addition"}, "rewards": [{"name": "format", "when": ["math"]}]}
+    assert main(["validate", str(write_recipe({"model": str(tiny_model), "stages": [rl]}))]) == 2
+    assert "rl.rewards[0]: reward 'format': `when` maps column names" in capsys.readouterr().err
+
+
+def test_grpo_mixes_a_routed_rule_reward_and_the_reward_model(write_recipe, tiny_rm, tiny_model, tmp_path):
+    from r1kit.tasks import addition
+
+    rows = [{**r, "task": "math" if i % 2 else "general"} for i, r in enumerate(addition(n=16, digits=1))]
+    data = tmp_path / "mixed.jsonl"
+    data.write_text("".join(json.dumps({k: r[k] for k in ("prompt", "answer", "task")}) + "\n" for r in rows))
+    rl = {
+        "name": "rl",
+        "kind": "grpo",
+        "template": "plain",
+        "data": {"source": str(data)},
+        "rewards": [
+            {"name": "math_accuracy", "when": {"task": "math"}},
+            {"name": "reward_model", "when": {"task": "general"}, "model": tiny_rm, "normalize": "sigmoid"},
+        ],
+        "trainer": {"max_steps": 2, "per_device_train_batch_size": 8, "num_generations": 4, "max_completion_length": 16, "logging_steps": 1},
+    }
+    pipeline.run(load_recipe(write_recipe({"model": str(tiny_model), "stages": [rl]})))
+    logged = [json.loads(line) for line in (tmp_path / "run" / "rl" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in logged if "loss" in m]
+    assert len(steps) == 2
+    for m in steps:
+        assert m["loss"] == m["loss"]  # not NaN: the None scores of routed-away rows are skipped
+        assert 0.0 < m["rewards/reward_model/mean"] < 1.0
+        assert 0.0 <= m["rewards/math_accuracy/mean"] <= 1.0
