@@ -95,6 +95,8 @@ def versions() -> dict[str, str]:
 class Plan:
     todo: list[str]
     done: dict[str, dict]
+    resume: str | None = None
+    """The first stage to run, when it may pick up its own partial work; every later one starts clean."""
 
 
 def plan(recipe: Recipe, restart_from: str | None = None) -> Plan:
@@ -119,7 +121,9 @@ def plan(recipe: Recipe, restart_from: str | None = None) -> Plan:
                 f"(changed: {changed}); re-run with --restart-from {stage.name} to redo it and the stages after it"
             )
         done[stage.name] = record
-    return Plan(todo=todo, done=done)
+    first = todo[0] if todo else None
+    resume = first if first and names.index(first) < restart_at and not (out / first / MARKER).is_file() else None
+    return Plan(todo=todo, done=done, resume=resume)
 
 
 def preflight(recipe: Recipe) -> None:
@@ -144,8 +148,10 @@ def run(recipe: Recipe, restart_from: str | None = None) -> dict[str, dict]:
     main = is_main_process()
     if main:
         out.mkdir(parents=True, exist_ok=True)
-        for name in the_plan.todo:  # a restarted stage starts clean; an unfinished one keeps its checkpoints
-            if (out / name / MARKER).is_file():
+        # Only the first unfinished stage keeps its partial work (checkpoints, journals); the stages
+        # after it, and restarted ones, depend on outputs that are about to change: they start clean.
+        for name in the_plan.todo:
+            if name != the_plan.resume and (out / name).exists():
                 shutil.rmtree(out / name)
         write_json_atomic(
             out / "run.json",

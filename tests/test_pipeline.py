@@ -124,3 +124,17 @@ def test_sigkill_mid_stage_resumes_from_checkpoint_to_the_same_result(write_reci
     resumed, uninterrupted = weights(tmp_path / "killed" / "second" / "model"), weights(tmp_path / "clean" / "second" / "model")
     for name, tensor in uninterrupted.items():
         torch.testing.assert_close(resumed[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_only_the_first_unfinished_stage_keeps_its_partial_work(write_recipe, tiny_model, tmp_path):
+    quick = {**TRAINER, "max_steps": 2}
+    path = write_recipe({"model": str(tiny_model), "stages": [sft_stage("a", trainer=quick), sft_stage("b", trainer=quick)]})
+    pipeline.run(load_recipe(path))
+    run = tmp_path / "run"
+    (run / "b" / "DONE.json").unlink()
+    (run / "b" / "partial.txt").write_text("work in progress")
+    pipeline.run(load_recipe(path))  # b is the first unfinished stage: it resumes, its folder kept
+    assert (run / "b" / "partial.txt").exists()
+    (run / "b" / "DONE.json").unlink()
+    pipeline.run(load_recipe(path), restart_from="a")  # a changes, so b's partial work is stale
+    assert not (run / "b" / "partial.txt").exists() and (run / "b" / "DONE.json").exists()

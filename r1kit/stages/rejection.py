@@ -1,8 +1,10 @@
 """The `rejection` stage: sample N completions per prompt, keep the verified, clean ones.
 
+A stage of a recipe (``r1kit run recipes/r1.yaml`` runs it between the two RL rounds)::
+
     - name: rejection
       kind: rejection
-      data: {source: open-r1/OpenR1-Math-220k, prompt: problem, answer: answer}
+      data: {source: open-r1/OpenR1-Math-220k, prompt: problem}    # `answer` reaches math_accuracy
       template: chat                     # as the next grpo / eval stage will show prompts
       think_prefill: true
       rewards: [{name: math_accuracy}]   # as in a grpo stage, `when:` routing included
@@ -46,8 +48,8 @@ one that applies), and the totals; the stage's metrics repeat the totals.
 Resume: prompts go in chunks of ``chunk_prompts``; each finished chunk is one line appended to
 ``journal.jsonl`` (flushed and fsynced). A killed run loses at most the chunk in flight; the next
 run drops a partial last line and does the remaining chunks. A chunk's sampling seed depends only
-on the recipe seed and the chunk's position, so a resumed run writes what an uninterrupted one
-would. ``dataset.jsonl`` and ``stats.json`` are written at the end, through a temporary file and a
+on the recipe seed and the chunk's position, so a resumed run samples what an uninterrupted one
+would (as far as the backend is deterministic). ``dataset.jsonl`` and ``stats.json`` are written at the end, through a temporary file and a
 rename. A journal written with another config, model or seed is refused.
 
 Not here: training on the rows (sft / grpo stages), or more than one sampling process (on GPUs,
