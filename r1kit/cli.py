@@ -143,19 +143,17 @@ def _cmd_rewards_score(args) -> None:
         path, value = parse_override(text)
         params[".".join(path)] = value
     reward = rewards.build(args.name, params)
+    from r1kit.data import parse_jsonl
+
     source = "<stdin>" if args.input == "-" else args.input
-    fin = sys.stdin if args.input == "-" else open(args.input)
-    rows = []
-    for lineno, line in enumerate(fin, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise RecipeError(f"{source}:{lineno}: not valid JSON ({exc.msg})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("completion"), str):
-            raise RecipeError(f"{source}:{lineno}: each row needs a string field 'completion'")
-        rows.append(row)
+    try:
+        fin = sys.stdin if args.input == "-" else open(args.input)
+    except OSError as exc:
+        raise RecipeError(f"{source}: cannot read ({exc.strerror})") from None
+    rows = parse_jsonl(fin, source)
+    for lineno, row in enumerate(rows, 1):
+        if not isinstance(row.get("completion"), str):
+            raise RecipeError(f"{source}: row {lineno}: each row needs a string field 'completion'")
     keys = sorted({k for r in rows for k in r} - {"completion"})
     t0 = time.time()
     scores: list[float | None] = []

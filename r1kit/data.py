@@ -25,21 +25,26 @@ def is_local(source: str) -> bool:
     return source.endswith(LOCAL_SUFFIXES) or source.startswith(("/", "./", "../"))
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """Rows of a JSON-lines file; a bad line is an error naming file and line."""
+def parse_jsonl(lines, source) -> list[dict]:
+    """Rows of JSON-lines text; a bad line is an error naming the source and the line."""
     rows = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
-            rows.append(row)
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{source}:{lineno}: not valid JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{source}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
+        rows.append(row)
     return rows
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Rows of a JSON-lines file."""
+    with open(path) as f:
+        return parse_jsonl(f, path)
 
 
 def load_source(source: str, split: str = "train", subset: str | None = None):

@@ -1,0 +1,44 @@
+"""`r1kit rewards list` and `r1kit rewards score`: how users try a verifier on their own rows."""
+
+from __future__ import annotations
+
+import json
+
+from r1kit.cli import main
+
+
+def test_list_shows_every_builtin_with_its_parameters(capsys):
+    assert main(["rewards", "list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("math_accuracy", "format", "language_consistency", "code_tests", "overlong_penalty", "reward_model"):
+        assert name in out
+    assert "answer_column='answer'" in out and "mode='strict'" in out
+
+
+def test_score_writes_rows_with_reward_and_a_summary(tmp_path, capsys):
+    rows = [
+        {"completion": "<think> 2+2 </think> <answer> 4 </answer>", "answer": "4", "id": 1},
+        {"completion": "the answer is 5", "answer": "4", "id": 2},
+        {"completion": "the answer is 4", "answer": "4", "id": 3},
+    ]
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["rewards", "score", "math_accuracy", "--input", str(src), "--output", str(dst), "--param", "fallback=last_number"]) == 0
+    out = [json.loads(line) for line in dst.read_text().splitlines()]
+    assert [r["reward"] for r in out] == [1.0, 0.0, 1.0]
+    assert [r["id"] for r in out] == [1, 2, 3]
+    err = capsys.readouterr().err
+    assert "math_accuracy: 3 rows, mean 0.6667, nulls 0" in err
+
+
+def test_score_errors_are_one_line_exit_2(tmp_path, capsys):
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"completion": "x", "answer": "1"}\n{"answer": "1"}\n')
+    assert main(["rewards", "score", "math_accuracy", "--input", str(src)]) == 2
+    assert "row 2: each row needs a string field 'completion'" in capsys.readouterr().err
+    assert main(["rewards", "score", "math_acc", "--input", str(src)]) == 2
+    assert "did you mean 'math_accuracy'" in capsys.readouterr().err
+    assert main(["rewards", "score", "format", "--param", "mood=strict", "--input", str(src)]) == 2
+    assert "has no parameter 'mood'" in capsys.readouterr().err
+    assert main(["rewards", "score", "format", "--input", str(tmp_path / "missing.jsonl")]) == 2
+    assert "cannot read" in capsys.readouterr().err
