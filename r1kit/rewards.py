@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Callable
 
+from r1kit.config import RecipeError
+
 ENTRY_POINT_GROUP = "r1kit.rewards"
 
 RewardFn = Callable[..., list]
@@ -182,6 +184,26 @@ def build(name: str, params: dict[str, Any] | None = None, weight: float = 1.0) 
             )
         params[key] = _check_type(name, key, value, allowed[key])
     return Reward(name=name, fn=fn, params=params, weight=float(weight), when=when)
+
+
+def from_recipe(specs: list[dict[str, Any]], where: str) -> list[Reward]:
+    """Configured rewards from recipe entries; errors name the entry."""
+    out = []
+    for i, spec in enumerate(specs):
+        spec = dict(spec)
+        name = spec.pop("name", None)
+        if not isinstance(name, str):
+            raise RecipeError(f"{where}[{i}]: each reward needs a 'name' (see `r1kit rewards list`)")
+        weight = spec.pop("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+            raise RecipeError(f"{where}[{i}].weight: expected a number, got {weight!r}")
+        try:
+            out.append(build(name, spec, weight))
+        except RewardError as exc:
+            raise RecipeError(f"{where}[{i}]: {exc}") from None
+    if len({r.name for r in out}) != len(out):
+        raise RecipeError(f"{where}: a reward is listed twice")
+    return out
 
 
 def for_trl(reward: Reward) -> Callable[..., list[float | None]]:

@@ -59,30 +59,10 @@ class GRPOStage(StageConfig):
     """Fields of trl.GRPOConfig, passed through."""
 
 
-def build_rewards(specs: list[dict[str, Any]], where: str) -> list[reward_registry.Reward]:
-    """Configured rewards from recipe entries; errors name the entry."""
-    out = []
-    for i, spec in enumerate(specs):
-        spec = dict(spec)
-        name = spec.pop("name", None)
-        if not isinstance(name, str):
-            raise RecipeError(f"{where}[{i}]: each reward needs a 'name' (see `r1kit rewards list`)")
-        weight = spec.pop("weight", 1.0)
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-            raise RecipeError(f"{where}[{i}].weight: expected a number, got {weight!r}")
-        try:
-            out.append(reward_registry.build(name, spec, weight))
-        except reward_registry.RewardError as exc:
-            raise RecipeError(f"{where}[{i}]: {exc}") from None
-    if len({r.name for r in out}) != len(out):
-        raise RecipeError(f"{where}: a reward is listed twice")
-    return out
-
-
 def check(stage: GRPOStage) -> None:
     if not stage.rewards:
         raise RecipeError(f"{stage.name}.rewards: a grpo stage needs at least one reward")
-    build_rewards(stage.rewards, f"{stage.name}.rewards")
+    reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards")
     problem = templates.check(stage.template)
     if problem:
         raise RecipeError(f"{stage.name}.template: {problem}")
@@ -111,7 +91,7 @@ def run(ctx: StageContext) -> StageResult:
     from r1kit.dynamic_sampling import DynamicSamplingGRPOTrainer
 
     stage = ctx.stage
-    rewards = build_rewards(stage.rewards, f"{stage.name}.rewards")
+    rewards = reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards")
     tokenizer = AutoTokenizer.from_pretrained(ctx.model, padding_side="left")
     rows = prompt_rows(ctx, tokenizer)
     args = trainer_args(GRPOConfig, ctx, **PAPER_DEFAULTS, reward_weights=[r.weight for r in rewards])

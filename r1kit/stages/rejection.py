@@ -73,7 +73,6 @@ from r1kit import templates
 from r1kit.config import DataConfig, RecipeError, StageConfig, to_dict
 from r1kit.filters import REASONS, FilterConfig, filter_group
 from r1kit.stages import StageContext, StageKind, StageResult
-from r1kit.stages.grpo import build_rewards
 
 log = logging.getLogger("r1kit")
 
@@ -142,7 +141,7 @@ def check(stage: RejectionStage) -> None:
 
     if not stage.rewards:
         raise RecipeError(f"{stage.name}.rewards: a rejection stage needs at least one reward to verify samples")
-    build_rewards(stage.rewards, f"{stage.name}.rewards")
+    reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards")
     problem = templates.check(stage.template)
     if problem:
         raise RecipeError(f"{stage.name}.template: {problem}")
@@ -321,7 +320,7 @@ def mixed_rows(ctx: StageContext, kept: int) -> list[dict]:
 
 def run(ctx: StageContext) -> StageResult:
     stage, cfg = ctx.stage, ctx.stage.data
-    rewards = build_rewards(stage.rewards, f"{stage.name}.rewards")
+    rewards = reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards")
     rows = data_lib.load_rows(cfg, ctx)
     data_lib.require_columns(rows, [cfg.prompt], ctx.resolve_data_source(cfg.source), f"rejection stage {stage.name!r}")
     ids = [str(x) for x in rows[stage.id_column]] if stage.id_column in rows.column_names else [str(i) for i in range(len(rows))]
