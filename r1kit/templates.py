@@ -34,10 +34,15 @@ def check(template: str) -> str | None:
     return f"unknown template {template!r}; use one of {', '.join(NAMES)} or a string containing {{prompt}}"
 
 
+def chat_user_turn(prompt: str) -> str:
+    """The user message of the ``chat`` template: the question with R1's usage guidance."""
+    return f"{prompt}\n{R1_GUIDANCE}"
+
+
 def render(template: str, prompt: str, tokenizer=None, think_prefill: bool = False) -> str:
     """The text the model continues for question `prompt`."""
     if template == "chat":
-        messages = [{"role": "user", "content": f"{prompt}\n{R1_GUIDANCE}"}]
+        messages = [{"role": "user", "content": chat_user_turn(prompt)}]
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     elif template == "r1_zero":
         text = R1_ZERO.replace("{prompt}", prompt)

@@ -177,11 +177,6 @@ def select(totals: list[float], samples: list, stage: RejectionStage) -> list[st
     return reasons
 
 
-def chat_user_turn(question: str) -> str:
-    """The user turn that templates.render("chat") builds around a question."""
-    return f"{question}\n{templates.R1_GUIDANCE}"
-
-
 def row_keys(stage: RejectionStage) -> tuple[str, ...]:
     # Only chat rows carry `messages`: the sft stage's `format: auto` then picks the form that
     # reproduces the sampled text (messages for chat, prompt/completion otherwise).
@@ -227,7 +222,7 @@ def run_chunk(ctx: StageContext, rows, ids: list[str], start: int, sampler, toke
                     continue
                 row = {
                     "messages": [
-                        {"role": "user", "content": chat_user_turn(question)},
+                        {"role": "user", "content": templates.chat_user_turn(question)},
                         {"role": "assistant", "content": prefill + c.text},
                     ],
                     "prompt": prompt,
