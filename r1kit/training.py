@@ -76,10 +76,14 @@ def trainer_args(config_cls, ctx, **r1kit_defaults):
 
 
 def last_checkpoint(ctx) -> str | None:
-    from transformers.trainer_utils import get_last_checkpoint
+    """The newest complete checkpoint of the stage, or None.
 
+    A run killed while saving leaves a partial checkpoint folder; the trainer writes
+    trainer_state.json last, so only folders that have it count.
+    """
     folder = ctx.dir / "checkpoints"
-    return get_last_checkpoint(str(folder)) if folder.is_dir() else None
+    complete = [c for c in folder.glob("checkpoint-*") if (c / "trainer_state.json").is_file()] if folder.is_dir() else []
+    return str(max(complete, key=checkpoint_step)) if complete else None
 
 
 def checkpoint_step(checkpoint: str) -> int:

@@ -138,3 +138,18 @@ def test_only_the_first_unfinished_stage_keeps_its_partial_work(write_recipe, ti
     (run / "b" / "DONE.json").unlink()
     pipeline.run(load_recipe(path), restart_from="a")  # a changes, so b's partial work is stale
     assert not (run / "b" / "partial.txt").exists() and (run / "b" / "DONE.json").exists()
+
+
+def test_a_checkpoint_cut_short_by_a_kill_is_not_resumed_from(tmp_path):
+    from types import SimpleNamespace
+
+    from r1kit.training import last_checkpoint
+
+    ctx = SimpleNamespace(dir=tmp_path)
+    folder = tmp_path / "checkpoints"
+    for step, complete in [(8, True), (16, True), (24, False)]:
+        (folder / f"checkpoint-{step}").mkdir(parents=True)
+        if complete:
+            (folder / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    assert last_checkpoint(ctx) == str(folder / "checkpoint-16")
+    assert last_checkpoint(SimpleNamespace(dir=tmp_path / "none")) is None
