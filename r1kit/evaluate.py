@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from r1kit.config import RecipeError
+from rewards.math import FALLBACKS
 
 log = logging.getLogger("r1kit")
 
@@ -199,6 +200,9 @@ class Settings:
     think_prefill: bool = False
     """Start the model's turn with '<think>\\n'."""
     seed: int = 0
+    answer_fallback: str = "none"
+    """Where the answer is when a completion has no <answer> block or \\boxed{}: none (wrong), or
+    last_number (its last number; for models that do not follow the answer format)."""
 
 
 def check_settings(s: Settings) -> None:
@@ -211,6 +215,8 @@ def check_settings(s: Settings) -> None:
     problem = templates.check(s.template)
     if problem:
         raise EvalError(problem)
+    if s.answer_fallback not in FALLBACKS:
+        raise EvalError(f"answer_fallback must be one of {', '.join(FALLBACKS)}, got {s.answer_fallback!r}")
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -293,14 +299,14 @@ def summarize(bench: Benchmark, rows: list[dict], k: int) -> dict[str, Any]:
     return out
 
 
-def score(problems: list[Problem], completions: list[list[Any]]) -> list[dict]:
+def score(problems: list[Problem], completions: list[list[Any]], fallback: str = "none") -> list[dict]:
     """samples.jsonl rows for each problem's completions (objects with text, tokens, truncated)."""
     from rewards.math import extract_answer, math_accuracy
 
     flat = [(p, j, c) for p, cs in zip(problems, completions) for j, c in enumerate(cs)]
-    verdicts = math_accuracy([c.text for _, _, c in flat], answer=[p.answer for p, _, _ in flat])
+    verdicts = math_accuracy([c.text for _, _, c in flat], answer=[p.answer for p, _, _ in flat], fallback=fallback)
     return [
-        {"id": p.id, "sample": j, "completion": c.text, "answer": extract_answer(c.text),
+        {"id": p.id, "sample": j, "completion": c.text, "answer": extract_answer(c.text, fallback),
          "correct": None if v is None else v == 1.0, "tokens": c.tokens, "truncated": c.truncated}
         for (p, j, c), v in zip(flat, verdicts)
     ]
@@ -394,7 +400,7 @@ def evaluate(
                 prompts = [templates.render(settings.template, p.problem, engine.tokenizer, settings.think_prefill) for p in chunk]
                 # Seeded by the first problem's position, so a rerun of the same chunk samples the same.
                 params = SamplingParams(settings.temperature, settings.top_p, settings.max_tokens, settings.seed + todo[start][0])
-                new = score(chunk, engine.generate_full(prompts, settings.samples, params))
+                new = score(chunk, engine.generate_full(prompts, settings.samples, params), settings.answer_fallback)
                 for p in chunk:
                     f.write("".join(json.dumps(r) + "\n" for r in new if r["id"] == p.id))
                     f.flush()
@@ -404,7 +410,7 @@ def evaluate(
     return _finish(out, bench, rows, settings.samples, head)
 
 
-def score_completions(bench: Benchmark, completions: str | Path, out_dir: str | Path) -> dict[str, Any]:
+def score_completions(bench: Benchmark, completions: str | Path, out_dir: str | Path, fallback: str = "none") -> dict[str, Any]:
     """Score existing generations: rows {"id", "completion"} (optionally "tokens", "truncated"),
     several rows per id for several samples. k is the fewest samples any problem has."""
     from r1kit.data import read_jsonl
@@ -430,9 +436,9 @@ def score_completions(bench: Benchmark, completions: str | Path, out_dir: str | 
         )
     k = min(len(v) for v in given.values())
     out = Path(out_dir)
-    head = {"model": None, "completions": str(path), "samples": k}
+    head = {"model": None, "completions": str(path), "samples": k, "answer_fallback": fallback}
     _claim(out, {"benchmark": bench.config, **head})
-    rows = score(bench.problems, [given[i] for i in ids])
+    rows = score(bench.problems, [given[i] for i in ids], fallback)
     _write_atomic(out / "samples.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     return _finish(out, bench, rows, k, head)
 
@@ -480,6 +486,7 @@ def add_cli(subparsers) -> None:
     ev.add_argument("--backend", choices=BACKENDS, default="auto")
     ev.add_argument("--limit", type=int, help="first N problems only")
     ev.add_argument("--seed", type=int, default=d.seed)
+    ev.add_argument("--answer-fallback", choices=FALLBACKS, default=d.answer_fallback, help="last_number: a completion without <answer> or \\boxed{} answers with its last number")
     ev.add_argument("--completions", metavar="GEN.jsonl", help="score these generations instead of sampling a model")
     ev.add_argument("--id-field")
     ev.add_argument("--problem-field")
@@ -504,9 +511,9 @@ def _cmd_eval(args) -> None:
     fields = {"id_field": args.id_field, "problem_field": args.problem_field, "answer_field": args.answer_field}
     bench = load_benchmark(args.benchmark, **fields, limit=args.limit, task_args=task_args, seed=args.seed)
     if args.completions:
-        summary = score_completions(bench, args.completions, args.output)
+        summary = score_completions(bench, args.completions, args.output, args.answer_fallback)
     else:
-        settings = Settings(args.samples, args.temperature, args.top_p, args.max_tokens, args.template, args.think_prefill, args.seed)
+        settings = Settings(args.samples, args.temperature, args.top_p, args.max_tokens, args.template, args.think_prefill, args.seed, args.answer_fallback)
         summary = evaluate(bench, args.output, settings, model=args.model, backend=args.backend)
     print(table([summary]), end="")
     print(f"samples and summary: {args.output}")

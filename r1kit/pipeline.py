@@ -40,6 +40,7 @@ from pathlib import Path
 from r1kit import stages as stage_registry
 from r1kit.config import Recipe, RecipeError, to_dict
 from r1kit.data import is_local
+from r1kit.training import PACKAGE, package_file
 
 log = logging.getLogger("r1kit")
 
@@ -134,7 +135,12 @@ def preflight(recipe: Recipe) -> None:
         source = getattr(data, "source", None)
         if source and source not in names and is_local(source) and not Path(source).is_file():
             raise RecipeError(f"{recipe.source}: {stage.name}.data.source: no such file {source!r}")
-    if recipe.model.endswith(".gguf") and not Path(recipe.model).is_file():
+    if recipe.model.startswith(PACKAGE):
+        try:
+            package_file(recipe.model)
+        except FileNotFoundError as exc:
+            raise RecipeError(f"{recipe.source}: model: {exc}") from None
+    elif recipe.model.endswith(".gguf") and not Path(recipe.model).is_file():
         raise RecipeError(f"{recipe.source}: model: no such file {recipe.model!r}")
 
 

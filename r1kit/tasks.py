@@ -7,6 +7,9 @@ GRPO, rejection sampling and evaluation alike.
 
 `addition`: multi-digit addition, with a chain of thought that adds column by column with carries.
 `chain`: the sum of several one-digit numbers, with a running-sum chain of thought.
+`last_digit`: the last digit of a left-to-right chain of `+` and `*` on one-digit numbers (the
+demo's task: one step at a time it is easy, in one go it is not).
+Each takes `direct`, the share of demonstrations that answer with an empty chain of thought.
 The split is a pure function of the problem (a hash), so train and test never share a problem,
 whatever `n` and `seed` are.
 
@@ -21,6 +24,41 @@ import random
 
 def _is_test(key: str) -> bool:
     return int(hashlib.sha256(key.encode()).hexdigest(), 16) % 5 == 0
+
+
+def _rows(name: str, variant: int, draw, n: int, split: str, seed: int, direct: float, space: str) -> list[dict]:
+    """`n` distinct problems of task `name` from `split`; `draw(rng)` gives one as (key, prompt,
+    working, answer).
+
+    The key decides the split; `direct` is the share of demonstrations with an empty chain of
+    thought; `space` names the problems for the error when `n` is more than there are."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be train or test, got {split!r}")
+    if not 0.0 <= direct <= 1.0:
+        raise ValueError(f"direct must be between 0 and 1, got {direct!r}")
+    rng = random.Random(f"{name}-{variant}-{split}-{seed}")
+    rows, seen, attempts = [], set(), 0
+    while len(rows) < n:
+        attempts += 1
+        if attempts > 100 * n + 10_000:
+            raise ValueError(f"n={n} is more than the distinct {space} in split {split!r}")
+        key, prompt, working, answer = draw(rng)
+        if key in seen or _is_test(key) != (split == "test"):
+            continue
+        seen.add(key)
+        if direct and rng.random() < direct:
+            working = ""
+        completion = f"<think>{' ' + working if working else ''} </think> <answer> {answer} </answer>"
+        rows.append(
+            {
+                "id": f"{name}-{split}-{len(rows)}",
+                "prompt": prompt,
+                "answer": str(answer),
+                "completion": completion,
+                "messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}],
+            }
+        )
+    return rows
 
 
 def addition_cot(a: int, b: int) -> str:
@@ -40,70 +78,61 @@ def addition_cot(a: int, b: int) -> str:
     return f"{' , '.join(steps)} . so {a}+{b}={result}"
 
 
-def addition(n: int = 1000, digits: int = 3, split: str = "train", seed: int = 0) -> list[dict]:
+def addition(n: int = 1000, digits: int = 3, split: str = "train", seed: int = 0, direct: float = 0.0) -> list[dict]:
     """`n` addition problems of up to `digits`-digit numbers from `split` (train or test)."""
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be train or test, got {split!r}")
-    rng = random.Random(f"addition-{digits}-{split}-{seed}")
     lo, hi = (0 if digits == 1 else 10 ** (digits - 1)), 10**digits - 1
-    rows, seen, attempts = [], set(), 0
-    while len(rows) < n:
-        attempts += 1
-        if attempts > 100 * n + 10_000:
-            raise ValueError(f"n={n} is more than the distinct {digits}-digit problems in split {split!r}")
+
+    def draw(rng):
         a, b = rng.randint(lo, hi), rng.randint(lo, hi)
-        key = f"{a}+{b}"
-        if key in seen or _is_test(key) != (split == "test"):
-            continue
-        seen.add(key)
-        prompt = f"What is {a} + {b}?"
-        completion = f"<think> {addition_cot(a, b)} </think> <answer> {a + b} </answer>"
-        rows.append(
-            {
-                "id": f"addition-{split}-{len(rows)}",
-                "prompt": prompt,
-                "answer": str(a + b),
-                "completion": completion,
-                "messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}],
-            }
-        )
-    return rows
+        return f"{a}+{b}", f"What is {a} + {b}?", addition_cot(a, b), a + b
+
+    return _rows("addition", digits, draw, n, split, seed, direct, f"{digits}-digit problems")
 
 
-def chain(n: int = 1000, terms: int = 3, split: str = "train", seed: int = 0) -> list[dict]:
-    """`n` sums of `terms` one-digit numbers from `split`, with a running-sum chain of thought."""
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be train or test, got {split!r}")
-    rng = random.Random(f"chain-{terms}-{split}-{seed}")
-    rows, seen, attempts = [], set(), 0
-    while len(rows) < n:
-        attempts += 1
-        if attempts > 100 * n + 10_000:
-            raise ValueError(f"n={n} is more than the distinct {terms}-term sums in split {split!r}")
+def chain(n: int = 1000, terms: int = 3, split: str = "train", seed: int = 0, direct: float = 0.0) -> list[dict]:
+    """`n` sums of `terms` one-digit numbers from `split`, with a running-sum chain of thought.
+
+    `direct` is the share of rows whose demonstration answers without working (an empty
+    ``<think> </think>``), as R1's SFT data answers simple queries without a chain of thought.
+    """
+
+    def draw(rng):
         xs = [rng.randint(0, 9) for _ in range(terms)]
-        key = "+".join(map(str, xs))
-        if key in seen or _is_test(key) != (split == "test"):
-            continue
-        seen.add(key)
         steps, total = [], xs[0]
         for x in xs[1:]:
             steps.append(f"{total}+{x}={total + x}")
             total += x
-        prompt = f"What is {' + '.join(map(str, xs))}?"
-        completion = f"<think> {' , '.join(steps)} </think> <answer> {total} </answer>"
-        rows.append(
-            {
-                "id": f"chain-{split}-{len(rows)}",
-                "prompt": prompt,
-                "answer": str(total),
-                "completion": completion,
-                "messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}],
-            }
-        )
-    return rows
+        return "+".join(map(str, xs)), f"What is {' + '.join(map(str, xs))}?", " , ".join(steps), total
+
+    return _rows("chain", terms, draw, n, split, seed, direct, f"{terms}-term sums")
 
 
-TASKS = {"addition": addition, "chain": chain}
+def last_digit(
+    n: int = 1000, terms: int = 4, split: str = "train", seed: int = 0, direct: float = 0.0
+) -> list[dict]:
+    """`n` left-to-right chains of `+` and `*` on one-digit numbers, keeping the last digit.
+
+    ``What is the last digit of ((7 + 6) * 3) + 5?`` → ``<think> 7+6=13 , 3*3=9 , 9+5=14 </think>
+    <answer> 4 </answer>``: each step is a one-digit fact, while the answer in one go composes
+    `terms - 1` non-commuting operations. `direct` is as in `chain`.
+    """
+
+    def draw(rng):
+        xs = [rng.randint(0, 9) for _ in range(terms)]
+        ops = [rng.choice("+*") for _ in range(terms - 1)]
+        expr, steps, value = str(xs[0]), [], xs[0]
+        for i, (op, x) in enumerate(zip(ops, xs[1:])):
+            result = value + x if op == "+" else value * x
+            steps.append(f"{value}{op}{x}={result}")
+            value = result % 10
+            expr = f"{expr} {op} {x}" if i == terms - 2 else f"({expr} {op} {x})"
+        key = str(xs[0]) + "".join(f"{o}{x}" for o, x in zip(ops, xs[1:]))
+        return key, f"What is the last digit of {expr}?", " , ".join(steps), value
+
+    return _rows("last_digit", terms, draw, n, split, seed, direct, f"{terms}-term chains")
+
+
+TASKS = {"addition": addition, "chain": chain, "last_digit": last_digit}
 
 
 def generate(name: str, split: str, args: dict) -> list[dict]:

@@ -1,8 +1,9 @@
 """What the training stages share: models to start from, trainer arguments, resume, metrics.
 
 - `resolve_model(source, recipe)`: `tiny` builds the offline tiny model once per run folder; a
-  ``.gguf`` file becomes a plain Hugging Face folder once; anything else (a folder, a hub id)
-  passes through.
+  ``.gguf`` file (a path, or ``package:NAME/FILE`` for a file shipped inside an installed Python
+  package) becomes a plain Hugging Face folder once; anything else (a folder, a hub id) passes
+  through.
 - `trainer_args(config_cls, ctx, **r1kit_defaults)`: the recipe's ``trainer:`` fields, passed to
   the trainer library's config unchanged, plus the fields r1kit owns (output folder, seed) and,
   when no GPU is present, CPU-safe defaults for the fields the recipe left unset (logged).
@@ -38,6 +39,25 @@ def has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+PACKAGE = "package:"
+
+
+def package_file(source: str) -> Path:
+    """The file that ``package:NAME/FILE`` names inside the installed Python package NAME.
+
+    Raises FileNotFoundError with a one-line message when the package or the file is missing."""
+    import importlib.util
+
+    name, _, rel = source[len(PACKAGE) :].partition("/")
+    spec = importlib.util.find_spec(name) if name.isidentifier() else None
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"{source!r}: Python package {name!r} is not installed")
+    path = Path(next(iter(spec.submodule_search_locations))) / rel
+    if not rel or not path.is_file():
+        raise FileNotFoundError(f"{source!r}: package {name!r} has no file {rel!r}")
+    return path
+
+
 def resolve_model(source: str, recipe) -> str:
     """A local folder or hub id for `source`, building or converting it into the run folder once."""
     models = Path(recipe.output_dir) / "_models"
@@ -50,6 +70,8 @@ def resolve_model(source: str, recipe) -> str:
             build_tiny_model(tmp, **{"seed": recipe.seed, **recipe.tiny_model})
             os.replace(tmp, out)
         return str(out)
+    if source.startswith(PACKAGE):
+        source = str(package_file(source))
     if source.endswith(".gguf"):
         from r1kit.gguf import convert_gguf
 

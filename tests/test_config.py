@@ -86,6 +86,28 @@ def test_missing_local_data_file_is_refused_before_running(write_recipe, tmp_pat
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(
+    "model, expected",
+    [
+        ("package:r1kit_no_such_package/m.gguf", "model: 'package:r1kit_no_such_package/m.gguf': Python package 'r1kit_no_such_package' is not installed"),
+        ("package:r1kit_fake_models/other.gguf", "model: 'package:r1kit_fake_models/other.gguf': package 'r1kit_fake_models' has no file 'other.gguf'"),
+        (str("missing.gguf"), "model: no such file 'missing.gguf'"),
+    ],
+)
+def test_missing_model_file_is_refused_before_running(write_recipe, tmp_path, monkeypatch, capsys, model, expected):
+    pkg = tmp_path / "site" / "r1kit_fake_models"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "tiny.gguf").write_bytes(b"GGUF")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    from r1kit.training import package_file
+
+    assert package_file("package:r1kit_fake_models/tiny.gguf") == pkg / "tiny.gguf"
+    assert main(["run", str(write_recipe({**base(), "model": model}))]) == 2
+    assert expected in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 def test_cli_usage_errors_exit_2(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["run"])

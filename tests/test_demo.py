@@ -1,5 +1,6 @@
 """A shortened run of the README's main demo recipe: every R1 stage runs on the tiny model, each
-stage consumes the previous one's output, and the run report (table and plots) is written."""
+stage consumes the previous one's output, the run report (table and plots) is written, and a
+second run with the same seed prints the same table."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SHORT = [
     "cold_start.trainer.max_steps=20",
+    "cold_start.data.task.n=200",
     "rl.trainer.max_steps=2",
     "rl.trainer.per_device_train_batch_size=16",
     "rejection.data.task.n=16",
@@ -37,3 +39,12 @@ def test_short_demo_runs_every_stage_and_writes_the_report(tmp_path, capsys):
     assert (out / "plots" / "rl.png").stat().st_size > 1000
     assert (out / "plots" / "rl2.png").stat().st_size > 1000
     assert f"report: {out / 'report.md'}" in printed
+
+    # Same recipe, same seed, another folder: the same table, to the last digit.
+    again = tmp_path / "again"
+    assert main(["run", str(ROOT / "recipes" / "demo.yaml"), f"output_dir={again}", *SHORT]) == 0
+    table = printed[printed.index("| model |") : printed.index("report:")]
+    assert table in capsys.readouterr().out
+    for ev in ("eval_cold_start", "eval_rl", "eval_sft", "eval_rl2"):
+        first = (out / ev / "last_digit" / "samples.jsonl").read_text()
+        assert first == (again / ev / "last_digit" / "samples.jsonl").read_text(), ev

@@ -99,6 +99,28 @@ def test_completions_mode_scores_given_generations(bench_file, tmp_path, capsys)
     assert f"| {gen} | bench | 3 | 4 | 50.0 | 66.7 | 100.0 | - | - |" in table
 
 
+def test_answer_fallback_last_number_scores_unformatted_answers(bench_file, tmp_path, capsys):
+    rows = [
+        {"id": "p1", "completion": "5 + 20 = 25, so the answer is 25."},
+        {"id": "p2", "completion": "It is 1450000 or \\boxed{7}"},  # a box still wins over the last number
+        {"id": "p3", "completion": "no number at all"},
+    ]
+    gen = write_jsonl(tmp_path / "gen.jsonl", rows)
+    strict, lenient = tmp_path / "strict", tmp_path / "lenient"
+    assert main(["eval", "--benchmark", str(bench_file), "--completions", str(gen), "--output", str(strict)]) == 0
+    argv = ["eval", "--benchmark", str(bench_file), "--completions", str(gen), "--output", str(lenient), "--answer-fallback", "last_number"]
+    assert main(argv) == 0
+    assert json.loads((strict / "summary.json").read_text())["pass@1"] == 0.0
+    assert math.isclose(json.loads((lenient / "summary.json").read_text())["pass@1"], 1 / 3)
+    answers = [json.loads(line)["answer"] for line in (lenient / "samples.jsonl").read_text().splitlines()]
+    assert answers == ["25", "7", None]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main([*argv[:-2], "--answer-fallback", "first_number"])
+    assert exc.value.code == 2
+    assert "invalid choice: 'first_number'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "rows, expected",
     [

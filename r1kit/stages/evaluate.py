@@ -49,6 +49,9 @@ class EvalStage(StageConfig):
     """Prompt template: r1_zero, chat, plain, or a string containing {prompt}."""
     think_prefill: bool = _D.think_prefill
     """Start the model's turn with '<think>\\n'."""
+    answer_fallback: str = _D.answer_fallback
+    """none (R1: the answer is the <answer> block or the last \\boxed{}), or last_number: a
+    completion without either answers with its last number."""
     backend: Literal["auto", "vllm", "transformers"] = "auto"
     """Sampling backend; auto takes vLLM when it is installed."""
     backend_options: dict[str, Any] = field(default_factory=dict)
@@ -66,7 +69,9 @@ class EvalStage(StageConfig):
 
 
 def settings(stage: EvalStage, seed: int) -> ev.Settings:
-    return ev.Settings(stage.samples, stage.temperature, stage.top_p, stage.max_tokens, stage.template, stage.think_prefill, seed)
+    return ev.Settings(
+        stage.samples, stage.temperature, stage.top_p, stage.max_tokens, stage.template, stage.think_prefill, seed, stage.answer_fallback
+    )
 
 
 def check(stage: EvalStage) -> None:
