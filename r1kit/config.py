@@ -110,7 +110,8 @@ class Recipe:
     """A whole experiment: a model, an output folder and an ordered list of stages."""
 
     model: str
-    """Starting model: hub id, local folder, .gguf file, or `tiny` (a small model built offline)."""
+    """Starting model: hub id, local folder, .gguf file (or package:NAME/FILE inside an installed
+    Python package), or `tiny` (a small model built offline)."""
     output_dir: str
     """Run folder; each stage writes into output_dir/<stage name>/."""
     stages: list[StageConfig]
