@@ -105,6 +105,32 @@ class StageConfig:
     """Model to start from: an earlier stage's name, a path, a hub id. Default: the previous model."""
 
 
+@dataclass(kw_only=True)
+class PromptStageConfig(StageConfig):
+    """Fields of the stages that prompt the model with a dataset's questions and score the answers
+    with rewards (grpo, rejection)."""
+
+    data: DataConfig
+    """Prompts; every other column reaches the rewards as a keyword argument."""
+    rewards: list[dict[str, Any]]
+    """Rewards: {name, weight, when, <parameters>} each; names from `r1kit rewards list` or module:function."""
+    template: str = "r1_zero"
+    """Prompt template: r1_zero, chat, plain, or a string containing {prompt}."""
+    think_prefill: bool = False
+    """Start the model's turn with '<think>\\n'."""
+
+    def check_prompting(self, no_rewards: str) -> None:
+        """Refuse an empty or unknown rewards list (`no_rewards` says why one is needed) and an unknown template."""
+        from r1kit import rewards, templates
+
+        if not self.rewards:
+            raise RecipeError(f"{self.name}.rewards: {no_rewards}")
+        rewards.from_recipe(self.rewards, f"{self.name}.rewards")
+        problem = templates.check(self.template)
+        if problem:
+            raise RecipeError(f"{self.name}.template: {problem}")
+
+
 @dataclass
 class Recipe:
     """A whole experiment: a model, an output folder and an ordered list of stages."""

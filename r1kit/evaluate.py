@@ -513,7 +513,8 @@ def _cmd_eval(args) -> None:
     if args.completions:
         summary = score_completions(bench, args.completions, args.output, args.answer_fallback)
     else:
-        settings = Settings(args.samples, args.temperature, args.top_p, args.max_tokens, args.template, args.think_prefill, args.seed, args.answer_fallback)
+        fields = ("samples", "temperature", "top_p", "max_tokens", "template", "think_prefill", "seed", "answer_fallback")
+        settings = Settings(**{f: getattr(args, f) for f in fields})
         summary = evaluate(bench, args.output, settings, model=args.model, backend=args.backend)
     print(table([summary]), end="")
     print(f"samples and summary: {args.output}")

@@ -69,9 +69,8 @@ class EvalStage(StageConfig):
 
 
 def settings(stage: EvalStage, seed: int) -> ev.Settings:
-    return ev.Settings(
-        stage.samples, stage.temperature, stage.top_p, stage.max_tokens, stage.template, stage.think_prefill, seed, stage.answer_fallback
-    )
+    fields = ("samples", "temperature", "top_p", "max_tokens", "template", "think_prefill", "answer_fallback")
+    return ev.Settings(seed=seed, **{f: getattr(stage, f) for f in fields})
 
 
 def check(stage: EvalStage) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 from r1kit import data as data_lib
 from r1kit import rewards as reward_registry
 from r1kit import templates
-from r1kit.config import DataConfig, RecipeError, StageConfig
+from r1kit.config import PromptStageConfig, RecipeError
 from r1kit.stages import StageContext, StageKind, StageResult
 from r1kit.training import checkpoint_step, last_checkpoint, make_metrics_log, read_metrics, train_and_save, trainer_args
 
@@ -42,15 +42,7 @@ PAPER_DEFAULTS = {"loss_type": "grpo", "beta": 0.001, "logging_steps": 1}
 
 
 @dataclass(kw_only=True)
-class GRPOStage(StageConfig):
-    data: DataConfig
-    """Training prompts; every other column reaches the rewards as a keyword argument."""
-    rewards: list[dict[str, Any]]
-    """Rewards: {name, weight, <parameters>} each; names from `r1kit rewards list` or module:function."""
-    template: str = "r1_zero"
-    """Prompt template: r1_zero, chat, plain, or a string containing {prompt}."""
-    think_prefill: bool = False
-    """Start the model's turn with '<think>\\n'."""
+class GRPOStage(PromptStageConfig):
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: drop groups whose rewards are all equal and refill the batch."""
     dynamic_sampling_max_rounds: int = 3
@@ -60,12 +52,7 @@ class GRPOStage(StageConfig):
 
 
 def check(stage: GRPOStage) -> None:
-    if not stage.rewards:
-        raise RecipeError(f"{stage.name}.rewards: a grpo stage needs at least one reward")
-    reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards")
-    problem = templates.check(stage.template)
-    if problem:
-        raise RecipeError(f"{stage.name}.template: {problem}")
+    stage.check_prompting("a grpo stage needs at least one reward")
     if "reward_weights" in stage.trainer:
         raise RecipeError(f"{stage.name}.trainer.reward_weights: set weights in the rewards list instead")
 

@@ -70,7 +70,7 @@ from typing import Any, Literal
 from r1kit import data as data_lib
 from r1kit import rewards as reward_registry
 from r1kit import templates
-from r1kit.config import DataConfig, RecipeError, StageConfig, to_dict
+from r1kit.config import PromptStageConfig, RecipeError, to_dict
 from r1kit.filters import REASONS, FilterConfig, filter_group
 from r1kit.stages import StageContext, StageKind, StageResult
 
@@ -95,15 +95,7 @@ class MixConfig:
 
 
 @dataclass(kw_only=True)
-class RejectionStage(StageConfig):
-    data: DataConfig
-    """Prompts; every other column reaches the rewards as a keyword argument."""
-    rewards: list[dict[str, Any]]
-    """The verifiers: {name, weight, when, <parameters>} each, as in a grpo stage."""
-    template: str = "r1_zero"
-    """Prompt template: r1_zero, chat, plain, or a string containing {prompt}."""
-    think_prefill: bool = False
-    """Start the model's turn with '<think>\\n'."""
+class RejectionStage(PromptStageConfig):
     mode: Literal["samples", "pass_rate_filter"] = "samples"
     """samples: write SFT rows of kept samples; pass_rate_filter: write the prompts in the pass-rate band."""
     samples: int = 16
@@ -139,12 +131,7 @@ class RejectionStage(StageConfig):
 def check(stage: RejectionStage) -> None:
     from rewards.language import SCRIPTS
 
-    if not stage.rewards:
-        raise RecipeError(f"{stage.name}.rewards: a rejection stage needs at least one reward to verify samples")
-    reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards")
-    problem = templates.check(stage.template)
-    if problem:
-        raise RecipeError(f"{stage.name}.template: {problem}")
+    stage.check_prompting("a rejection stage needs at least one reward to verify samples")
     for key in ("samples", "chunk_prompts"):
         if getattr(stage, key) < 1:
             raise RecipeError(f"{stage.name}.{key}: must be at least 1, got {getattr(stage, key)}")
