@@ -1,7 +1,9 @@
-"""Shared fixtures: the offline tiny model (built once per session) and recipe writing."""
+"""Shared fixtures: the offline tiny model and its short cold start (built once per session),
+recipe writing, and runs that hold at a known point for kill-and-resume tests."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -30,6 +32,42 @@ def tiny_model(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
 
 
+@pytest.fixture(scope="session")
+def cold_start(tmp_path_factory, tiny_model) -> Path:
+    """The tiny model after a short SFT on one-digit addition: right format, about 20% right sums
+    when sampling at temperature 1, so GRPO rewards vary."""
+    from r1kit import pipeline
+    from r1kit.config import load_recipe
+
+    out = tmp_path_factory.mktemp("cold_start")
+    recipe = out / "r.yaml"
+    recipe.write_text(
+        json.dumps(
+            {
+                "model": str(tiny_model),
+                "output_dir": str(out / "run"),
+                "stages": [
+                    {
+                        "name": "sft",
+                        "kind": "sft",
+                        "format": "prompt_completion",
+                        "data": {"source": "task:addition", "task": {"n": 80, "digits": 1}},
+                        "trainer": {
+                            "max_steps": 200,
+                            "per_device_train_batch_size": 32,
+                            "learning_rate": 5.0e-3,
+                            "lr_scheduler_type": "cosine",
+                            "warmup_steps": 10,
+                            "logging_steps": 50,
+                        },
+                    }
+                ],
+            }
+        )
+    )
+    return Path(pipeline.run(load_recipe(recipe))["sft"]["model"])
+
+
 @pytest.fixture
 def write_recipe(tmp_path):
     """Write a recipe mapping to tmp_path/recipe.yaml (output_dir defaults into tmp_path)."""
@@ -41,3 +79,65 @@ def write_recipe(tmp_path):
         return path
 
     return write
+
+
+class Hold:
+    """Starts a run that stops at a known point and stays there until the test kills it.
+
+    Training runs hold right after saving a chosen checkpoint (``tests/hold/sitecustomize.py``);
+    test rewards hold on a chosen call. ``marker`` files appear, one per holding process, named
+    ``<marker>.<pid>``. The environment also puts ``tests/`` on ``PYTHONPATH``, so the run finds
+    test rewards by ``module:function``."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def env(self, **where) -> dict[str, str]:
+        """The environment of a run that holds at `where`: ``step=N, output_dir=DIR`` for a
+        trainer, or ``reward_calls=N`` for the test rewards that read it (they hold on call N+1)."""
+        hold = {**where, "marker": str(self.marker)}
+        here = Path(__file__).parent
+        paths = [str(here / "hold"), str(here), os.environ.get("PYTHONPATH", "")]
+        return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p), "R1KIT_TEST_HOLD": json.dumps(hold, default=str)}
+
+    def pids(self) -> list[int]:
+        return [int(p.suffix[1:]) for p in self.marker.parent.glob(self.marker.name + ".*")]
+
+    def wait(self, proc, count: int = 1, limit_s: float = 900) -> list[int]:
+        """Wait until `count` processes hold; fail if the run ends first. The limit only guards
+        against a hang: a held run never moves on, so waiting longer changes nothing."""
+        import time
+
+        deadline = time.monotonic() + limit_s
+        while len(self.pids()) < count:
+            assert proc.poll() is None, "the run ended before it reached the hold point"
+            assert time.monotonic() < deadline, "the run never reached the hold point"
+            time.sleep(0.1)
+        return self.pids()
+
+
+def gone(pid: int) -> bool:
+    """True when `pid` has exited (a zombie waiting to be reaped counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+@pytest.fixture
+def hold(tmp_path) -> Hold:
+    return Hold(tmp_path / "held")
+
+
+@pytest.fixture
+def wait_gone():
+    """Wait until every pid has exited; fail if one is still running after `limit_s`."""
+    import time
+
+    def wait(pids, limit_s: float = 60) -> None:
+        deadline = time.monotonic() + limit_s
+        while not all(gone(p) for p in pids):
+            assert time.monotonic() < deadline, f"still running after the kill: {[p for p in pids if not gone(p)]}"
+            time.sleep(0.1)
+
+    return wait

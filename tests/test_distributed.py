@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -97,18 +96,19 @@ def test_two_processes_match_one_in_shape_and_trend(write_recipe, tiny_model, tm
     assert json.loads((tmp_path / "double" / "rl" / "DONE.json").read_text())["input_model"].endswith("sft/model")
 
 
-def test_killed_multiprocess_run_resumes(write_recipe, tiny_model, tmp_path):
+def test_killed_multiprocess_run_resumes(write_recipe, tiny_model, tmp_path, hold, wait_gone):
     path = recipe(write_recipe, tiny_model, tmp_path / "run", per_device=8, sft_steps=40)
-    proc = cli("run", str(path), "--accelerate-config", str(CPU_DDP), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    checkpoint = tmp_path / "run" / "sft" / "checkpoints" / "checkpoint-8" / "trainer_state.json"
-    deadline = time.time() + 300
-    while not checkpoint.exists():
-        assert proc.poll() is None and time.time() < deadline
-        time.sleep(0.2)
-    time.sleep(0.5)
+    # Both workers hold right after saving checkpoint-8 (of 40 steps) until killed.
+    env = {**hold.env(step=8, output_dir=tmp_path / "run" / "sft" / "checkpoints"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "r1kit.cli", "run", str(path), "--accelerate-config", str(CPU_DDP)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    workers = hold.wait(proc, count=2)
     kill_tree(proc.pid)
     proc.wait()
-    time.sleep(2)  # nothing may live on to finish the stage
+    wait_gone(workers)  # nothing lives on to finish the stage
+    assert (tmp_path / "run" / "sft" / "checkpoints" / "checkpoint-8" / "trainer_state.json").is_file()
     assert not (tmp_path / "run" / "sft" / "DONE.json").exists()
     again = cli("run", str(path), "--accelerate-config", str(CPU_DDP), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     log = again.communicate()[0]

@@ -17,39 +17,6 @@ ROOT = Path(__file__).resolve().parents[1]
 TASK = {"source": "task:addition", "task": {"n": 80, "digits": 1}}
 
 
-@pytest.fixture(scope="session")
-def cold_start(tmp_path_factory, tiny_model) -> Path:
-    """The tiny model after a short SFT on one-digit addition: right format, about 20% right sums
-    when sampling at temperature 1, so GRPO rewards vary."""
-    out = tmp_path_factory.mktemp("cold_start")
-    recipe = out / "r.yaml"
-    recipe.write_text(
-        json.dumps(
-            {
-                "model": str(tiny_model),
-                "output_dir": str(out / "run"),
-                "stages": [
-                    {
-                        "name": "sft",
-                        "kind": "sft",
-                        "format": "prompt_completion",
-                        "data": TASK,
-                        "trainer": {
-                            "max_steps": 200,
-                            "per_device_train_batch_size": 32,
-                            "learning_rate": 5.0e-3,
-                            "lr_scheduler_type": "cosine",
-                            "warmup_steps": 10,
-                            "logging_steps": 50,
-                        },
-                    }
-                ],
-            }
-        )
-    )
-    return Path(pipeline.run(load_recipe(recipe))["sft"]["model"])
-
-
 def grpo_recipe(write_recipe, model: Path, rewards, **stage) -> Path:
     trainer = {
         "max_steps": 2,
@@ -73,13 +40,16 @@ def test_grpo_raises_accuracy_on_a_verifiable_task(write_recipe, cold_start, tmp
         write_recipe,
         cold_start,
         [{"name": "math_accuracy", "weight": 1.0}],
+        # 16 problems, each seen about 30 times: the rise (about +0.12 here) stands well clear of
+        # the step-to-step noise (about 0.02 on a 15-step mean), on any machine's float kernels.
+        data={"source": "task:addition", "task": {"n": 16, "digits": 1}},
         trainer={"max_steps": 60, "per_device_train_batch_size": 128, "num_generations": 16, "loss_type": "dapo", "beta": 0.0},
     )
     record = pipeline.run(load_recipe(path))["rl"]
     acc = [m["rewards/math_accuracy/mean"] for m in metrics(tmp_path / "run") if "rewards/math_accuracy/mean" in m]
     assert len(acc) == 60
     first, last = sum(acc[:15]) / 15, sum(acc[-15:]) / 15
-    assert last > first + 0.03, (first, last)
+    assert last > first + 0.05, (first, last)
     from transformers import AutoModelForCausalLM
 
     start = AutoModelForCausalLM.from_pretrained(cold_start).state_dict()

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -84,30 +83,28 @@ def test_changed_finished_stage_message_names_the_change(write_recipe, tiny_mode
     assert "stage 'sft' already finished" in err and "stage.trainer.max_steps" in err and "--restart-from sft" in err
 
 
-def _run_cli(recipe: Path) -> subprocess.Popen:
+def _run_cli(recipe: Path, env: dict) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "r1kit.cli", "run", str(recipe)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        env=env,
     )
 
 
-def test_sigkill_mid_stage_resumes_from_checkpoint_to_the_same_result(write_recipe, tiny_model, tmp_path, caplog):
+def test_sigkill_mid_stage_resumes_from_checkpoint_to_the_same_result(write_recipe, tiny_model, tmp_path, caplog, hold, wait_gone):
     stages = [sft_stage("first", trainer={**TRAINER, "max_steps": 10}), sft_stage("second", model="first")]
     killed = write_recipe({"model": str(tiny_model), "stages": stages, "output_dir": str(tmp_path / "killed")}, "k.yaml")
     clean = write_recipe({"model": str(tiny_model), "stages": stages, "output_dir": str(tmp_path / "clean")}, "c.yaml")
 
-    proc = _run_cli(killed)
-    checkpoint = tmp_path / "killed" / "second" / "checkpoints" / "checkpoint-10"
-    deadline = time.time() + 240
-    while not (checkpoint / "trainer_state.json").exists():
-        assert proc.poll() is None, "run ended before it could be killed"
-        assert time.time() < deadline
-        time.sleep(0.2)
-    time.sleep(0.5)
+    # The run holds right after saving checkpoint-10 of the second stage (of 30 steps) until killed.
+    proc = _run_cli(killed, hold.env(step=10, output_dir=tmp_path / "killed" / "second" / "checkpoints"))
+    pids = hold.wait(proc)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    wait_gone(pids)
+    assert (tmp_path / "killed" / "second" / "checkpoints" / "checkpoint-10" / "trainer_state.json").is_file()
     assert not (tmp_path / "killed" / "second" / "DONE.json").exists()
     first_done = (tmp_path / "killed" / "first" / "DONE.json").read_text()
 

@@ -10,10 +10,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
-from test_grpo import cold_start  # noqa: F401  (session fixture: the tiny model after a short SFT)
 
 from r1kit import pipeline
 from r1kit.config import DataConfig, RecipeError, load_recipe
@@ -49,7 +49,34 @@ def always_right(completions, **columns):
     return [1.0] * len(completions)
 
 
-def test_kept_samples_verify_and_statistics_add_up(write_recipe, cold_start, tmp_path):  # noqa: F811
+def by_answer(completions, *, answer, prompt, **columns):
+    """A pass rate fixed by the problem, whatever the model writes: answers divisible by 3 always
+    pass, answers 1 mod 3 never do, answers 2 mod 3 pass on every other sample of their prompt."""
+    seen: Counter = Counter()
+    scores = []
+    for a, p in zip(answer, prompt):
+        seen[p] += 1
+        scores.append([1.0, 0.0, float(seen[p] % 2)][int(a) % 3])
+    return scores
+
+
+HELD_CALLS = 0
+
+
+def hold_after_two_chunks(completions, **columns):
+    """Not applicable to any sample (None). In a run started with ``hold.env(reward_calls=N)``,
+    call N+1 (chunks 0..N-1 are journaled by then) writes the hold marker and sleeps until killed."""
+    global HELD_CALLS
+    spec = json.loads(os.environ.get("R1KIT_TEST_HOLD", "{}"))
+    if HELD_CALLS == spec.get("reward_calls"):
+        Path(f"{spec['marker']}.{os.getpid()}").write_text("held")
+        while True:
+            time.sleep(60)
+    HELD_CALLS += 1
+    return [None] * len(completions)
+
+
+def test_kept_samples_verify_and_statistics_add_up(write_recipe, cold_start, tmp_path):
     record = pipeline.run(load_recipe(write_recipe({"model": str(cold_start), "stages": [stage()]})))["rej"]
     out = tmp_path / "run" / "rej"
     assert record["model"] is None and record["dataset"] == str(out / "dataset.jsonl")
@@ -79,7 +106,7 @@ def test_kept_samples_verify_and_statistics_add_up(write_recipe, cold_start, tmp
     assert record["metrics"]["kept"] == len(rows) and record["metrics"]["pass_rate"] == stats["pass_rate"]
 
 
-def test_chat_rows_render_back_to_the_sampled_text_and_mixed_rows_train(write_recipe, cold_start, tmp_path):  # noqa: F811
+def test_chat_rows_render_back_to_the_sampled_text_and_mixed_rows_train(write_recipe, cold_start, tmp_path):
     from transformers import AutoTokenizer
 
     chats = tmp_path / "chats.jsonl"
@@ -112,8 +139,9 @@ def test_chat_rows_render_back_to_the_sampled_text_and_mixed_rows_train(write_re
     assert records["sft"]["metrics"]["rows"] == len(rows)  # the next sft stage trained on all of them
 
 
-def test_pass_rate_filter_writes_the_prompts_in_the_band_for_grpo(write_recipe, cold_start, tmp_path):  # noqa: F811
-    rej = stage(n=16, mode="pass_rate_filter", min_pass_rate=0.1)
+def test_pass_rate_filter_writes_the_prompts_in_the_band_for_grpo(write_recipe, cold_start, tmp_path):
+    # The pass rates come from the problems (by_answer), not from what the model samples.
+    rej = stage(n=16, mode="pass_rate_filter", min_pass_rate=0.1, rewards=[{"name": f"{__name__}:by_answer"}])
     grpo = {
         "name": "rl",
         "kind": "grpo",
@@ -125,12 +153,12 @@ def test_pass_rate_filter_writes_the_prompts_in_the_band_for_grpo(write_recipe, 
     records = pipeline.run(load_recipe(write_recipe({"model": str(cold_start), "stages": [rej, grpo]})))
     rows = read_rows(records["rej"]["dataset"])
     stats = json.loads((tmp_path / "run" / "rej" / "stats.json").read_text())
-    task = {r["id"]: r for r in addition(n=16, digits=1, seed=42)}
-    band = [p for p in stats["per_prompt"] if 0.1 < p["pass_rate"] < 1.0]
-    assert rows and len(band) < 16 and stats["kept"] == len(rows) and stats["dropped"] == {}
-    assert [r["id"] for r in rows] == [p["id"] for p in band]
-    for r, p in zip(rows, band):
-        assert r == {**task[r["id"]], "pass_rate": p["pass_rate"]}  # the original row, plus its pass rate
+    task = addition(n=16, digits=1, seed=42)
+    expected = {0: 1.0, 1: 0.0, 2: 0.5}
+    assert [p["pass_rate"] for p in stats["per_prompt"]] == [expected[int(r["answer"]) % 3] for r in task]
+    band = [r for r in task if int(r["answer"]) % 3 == 2]  # strictly inside (0.1, 1.0)
+    assert 0 < len(band) < 16 and stats["kept"] == len(rows) and stats["dropped"] == {}
+    assert rows == [{**r, "pass_rate": 0.5} for r in band]  # the original rows, in order, plus their pass rate
     assert records["rl"]["input_model"] == str(cold_start) and records["rl"]["model"]
 
 
@@ -174,31 +202,30 @@ def finished_chunks(journal: Path) -> int:
     return journal.read_bytes().count(b"\n") - 1 if journal.exists() else 0  # minus the header line
 
 
-def test_resume_after_sigkill_loses_nothing_and_duplicates_nothing(write_recipe, cold_start, tmp_path):  # noqa: F811
-    rej = stage(n=32, samples=4, chunk_prompts=2)
+def test_resume_after_sigkill_loses_nothing_and_duplicates_nothing(write_recipe, cold_start, tmp_path, hold, wait_gone):
+    rewards = [{"name": "math_accuracy"}, {"name": "test_rejection:hold_after_two_chunks"}]
+    rej = stage(n=32, samples=4, chunk_prompts=2, rewards=rewards)
     whole = write_recipe({"model": str(cold_start), "output_dir": str(tmp_path / "whole"), "stages": [rej]}, "whole.yaml")
     expected = read_rows(pipeline.run(load_recipe(whole))["rej"]["dataset"])
 
     killed = write_recipe({"model": str(cold_start), "output_dir": str(tmp_path / "killed"), "stages": [rej]}, "killed.yaml")
     out = tmp_path / "killed" / "rej"
     command = [sys.executable, "-m", "r1kit.cli", "run", str(killed)]
-    proc = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 600
-    while finished_chunks(out / "journal.jsonl") < 2:
-        assert proc.poll() is None, "the run ended before it could be killed"
-        assert time.time() < deadline
-        time.sleep(0.02)
+    # The run holds while scoring its third chunk, two chunks journaled, until it is killed.
+    proc = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=hold.env(reward_calls=2))
+    pids = hold.wait(proc)
     os.killpg(proc.pid, signal.SIGKILL)  # the whole group: the run and its reward workers
     proc.wait()
+    wait_gone(pids)
     done = finished_chunks(out / "journal.jsonl")
-    assert 2 <= done < 16 and not (out / "dataset.jsonl").exists() and not (out / "DONE.json").exists()
+    assert done == 2 and not (out / "dataset.jsonl").exists() and not (out / "DONE.json").exists()
     with open(out / "journal.jsonl", "a") as f:  # as a kill in the middle of a write leaves it
         f.write('{"chunk": 15, "prompts": [{"index": 30, "id": "addi')
 
     with pytest.raises(RecipeError, match="written with another config"):
         pipeline.run(load_recipe(killed, ["rej.samples=5"]))
 
-    resumed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(command, capture_output=True, text=True, env=hold.env())
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming, {done} of 16 chunks already done" in resumed.stderr
     assert "dropping a partial last line" in resumed.stderr

@@ -6,7 +6,6 @@ not what a careful grader would say, the case sits in MATH_VERIFY_QUIRKS with th
 
 import logging
 import threading
-import time
 
 import pytest
 
@@ -215,15 +214,26 @@ def test_math_accuracy_from_a_worker_thread():
 
 
 # ---------------------------------------------------------------------------------------------
-# Pathological inputs: each costs at most the time limit, scores 0 (or None), the batch returns
+# Pathological inputs: each is cut off at the time limit, scores 0 (or None), the batch returns
 
 TIMEOUT = 1.0
 
 
-def test_pathological_answers_never_hang_the_batch():
+def returns(fn, limit_s: float = 600):
+    """fn's result. The limit guards CI against a hang; it is no speed figure: a broken time limit
+    never returns, a working one returns in seconds."""
+    out = []
+    thread = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    thread.start()
+    thread.join(limit_s)
+    assert out, f"no result after {limit_s} s: a time limit does not hold"
+    return out[0]
+
+
+def test_pathological_answers_never_hang_the_batch(caplog):
     one_mb_of_thought = "Let me think about this carefully. " * 30_000
     completions = [
-        "<answer>9^{9^{9^{9}}}</answer>",
+        "<answer>9^{9^{9^{9}}}</answer>",  # no machine evaluates this tower: it must be cut off
         "\\boxed{1000000!}",
         "\\boxed{" + "{" * 3000 + "5" + "}" * 3000 + "}",
         "<answer>" + "x+" * 500_000 + "1</answer>",  # a 1 MB answer
@@ -232,19 +242,18 @@ def test_pathological_answers_never_hang_the_batch():
         "\\boxed{" * 100_000,
         "\\boxed{5}",
     ]
-    pathological = 4  # the ones math-verify cannot finish: tower, factorial, nesting, 1 MB answer
-    start = time.monotonic()
-    scores = math_accuracy(completions, answer=["5"] * len(completions), timeout=TIMEOUT)
-    elapsed = time.monotonic() - start
+    caplog.set_level(logging.WARNING, logger="rewards.math")
+    scores = returns(lambda: math_accuracy(completions, answer=["5"] * len(completions), timeout=TIMEOUT))
     assert scores == [0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0]
-    assert elapsed < TIMEOUT * pathological + 10
+    cut = [r.getMessage() for r in caplog.records if "took longer than 1 s" in r.getMessage()]
+    assert any("9^{9^{9^{9}}}" in m for m in cut)  # the tower was stopped by the limit
+    # Only what math-verify may be unable to finish is ever cut (how many depends on the machine).
+    assert all(any(text in m for text in ("9^{9^", "1000000!", "{{{{", "x+x+")) for m in cut), cut
     # Killed workers were replaced: the pool still answers.
     assert math_accuracy(["\\boxed{\\frac{2}{4}}"], answer=["0.5"]) == [1.0]
 
 
 def test_pathological_references_are_skipped():
     refs = ["{" * 3000 + "5" + "}" * 3000, "x" * 1_000_000, "7"]
-    start = time.monotonic()
-    scores = math_accuracy(["\\boxed{5}", "\\boxed{5}", "\\boxed{7}"], answer=refs, timeout=TIMEOUT)
+    scores = returns(lambda: math_accuracy(["\\boxed{5}", "\\boxed{5}", "\\boxed{7}"], answer=refs, timeout=TIMEOUT))
     assert scores == [None, None, 1.0]
-    assert time.monotonic() - start < TIMEOUT * 2 + 10

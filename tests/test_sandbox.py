@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -22,7 +23,8 @@ import pytest
 
 from r1kit.sandbox import Limits, isolation, run_many, run_python
 
-FAST = Limits(wall_s=2.0, cpu_s=2.0)
+# Room to finish on a busy machine: the programs that must end take well under a second of CPU.
+FAST = Limits(wall_s=20.0, cpu_s=20.0)
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="per-run uids need root")
 
 CORRECT = "def add(a, b):\n    return a + b\nassert add(2, 3) == 5\n"
@@ -46,8 +48,9 @@ def processes_of(uid: int) -> list[int]:
 
 
 def assert_all_gone(uid: int) -> None:
-    """Killed processes take a moment to disappear; anything still there after 5 s escaped."""
-    deadline = time.monotonic() + 5
+    """Killed processes take a moment to disappear; anything still there after 60 s escaped (an
+    escaped process stays forever, so the limit only bounds how long a failure takes to show)."""
+    deadline = time.monotonic() + 60
     while processes_of(uid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert processes_of(uid) == []
@@ -96,14 +99,15 @@ def test_exit_status_is_reported_but_does_not_decide():
 
 
 def test_infinite_loop_times_out():
-    result = run("while True:\n    pass\n", limits=Limits(wall_s=1.0, cpu_s=5))
-    assert not result.ok and result.timed_out
-    assert 1.0 <= result.wall_s < 2.5
+    # The CPU limit is far away: only the wall-clock limit can stop the loop (timed_out says so).
+    result = run("while True:\n    pass\n", limits=Limits(wall_s=1.0, cpu_s=600))
+    assert not result.ok and result.timed_out and result.wall_s >= 1.0
 
 
 def test_cpu_limit_kills_a_spinning_program_before_the_wall_clock():
-    result = run("while True:\n    pass\n", limits=Limits(wall_s=10, cpu_s=1))
-    assert not result.ok and not result.timed_out and result.wall_s < 5
+    # The wall clock is far away: only the CPU limit (SIGXCPU, then SIGKILL) can stop the loop.
+    result = run("while True:\n    pass\n", limits=Limits(wall_s=600, cpu_s=1))
+    assert not result.ok and not result.timed_out and result.returncode in (-signal.SIGXCPU, -signal.SIGKILL)
 
 
 def test_program_cannot_forge_the_pass_marker():
@@ -125,30 +129,31 @@ def test_program_cannot_forge_the_pass_marker():
 
 
 def test_stdin_and_parallel_runs_in_order():
-    jobs = [("import time\ntime.sleep(0.3)\nprint(int(input()) * 2)\n", f"{i}\n") for i in range(8)]
-    start = time.monotonic()
-    results = run_many(jobs, FAST, workers=4)
-    elapsed = time.monotonic() - start
-    assert [r.stdout for r in results] == [f"{2 * i}\n" for i in range(8)]
-    assert elapsed < 8 * 0.3 * 0.75  # sleeping runs overlap
+    # Each run reports when it slept; with 4 workers some sleeps overlap (run one at a time, none would).
+    program = "import time\nstart = time.time()\ntime.sleep(0.5)\nprint(int(input()) * 2, start, time.time())\n"
+    results = run_many([(program, f"{i}\n") for i in range(8)], FAST, workers=4)
+    assert [r.stdout.split()[0] for r in results] == [str(2 * i) for i in range(8)]
+    spans = sorted(tuple(map(float, r.stdout.split()[1:])) for r in results)
+    assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:])), spans
 
 
 # ---- limits and hostile programs ----------------------------------------------------------------
 
 
 def test_output_is_bounded_and_a_flood_cannot_block():
-    limits = Limits(wall_s=1.5, cpu_s=5, output_kb=64)
+    limits = Limits(wall_s=1.5, cpu_s=600, output_kb=64)
     flood = run("while True:\n    print('x' * 10000)\n", limits=limits)
     assert flood.timed_out and not flood.ok and len(flood.stdout) == 64 * 1024
-    big = run("import sys\nsys.stdout.write('y' * 10_000_000)\nsys.stderr.write('z' * 10_000_000)\n", limits=limits)
+    roomy = Limits(wall_s=60, cpu_s=60, output_kb=64)
+    big = run("import sys\nsys.stdout.write('y' * 10_000_000)\nsys.stderr.write('z' * 10_000_000)\n", limits=roomy)
     assert big.ok and len(big.stdout) == len(big.stderr) == 64 * 1024
 
 
 def test_memory_bomb_fails_with_memory_error():
-    limits = Limits(wall_s=5, cpu_s=5, memory_mb=256)
+    limits = Limits(wall_s=60, cpu_s=60, memory_mb=256)
     assert "MemoryError" in run("x = bytearray(8 << 30)\n", limits=limits).stderr
     grow = run("chunks = []\nwhile True:\n    chunks.append(bytearray(1 << 24))\n", limits=limits)
-    assert not grow.ok and "MemoryError" in grow.stderr and grow.wall_s < 3
+    assert not grow.ok and not grow.timed_out and "MemoryError" in grow.stderr
 
 
 def test_deep_recursion_fails_and_the_caller_survives():
@@ -185,7 +190,7 @@ print(len(procs))
 
 @root_only
 def test_process_limit_holds_on_a_harmless_program():
-    result = run(SPAWN_SLEEPS, limits=Limits(wall_s=5, cpu_s=5, nproc=16))
+    result = run(SPAWN_SLEEPS, limits=Limits(wall_s=60, cpu_s=60, nproc=16))
     uid, spawned = map(int, result.stdout.split())
     assert result.ok and 0 < spawned < 16
     assert_all_gone(uid)  # the sleeps outlived the program and were killed with its uid
@@ -193,7 +198,7 @@ def test_process_limit_holds_on_a_harmless_program():
 
 @root_only
 def test_fork_bomb_is_contained():
-    held = run(SPAWN_SLEEPS, limits=Limits(wall_s=5, cpu_s=5, nproc=16))
+    held = run(SPAWN_SLEEPS, limits=Limits(wall_s=60, cpu_s=60, nproc=16))
     if not held.ok or int(held.stdout.split()[1]) >= 16:
         pytest.fail(f"the process limit does not hold; not running the fork bomb: {held}")
     source = """
@@ -295,25 +300,24 @@ def test_killing_the_caller_fails_and_the_caller_keeps_working(attack, survives)
 def test_daemons_do_not_outlive_the_run():
     drop = Path(tempfile.mkdtemp())
     try:
-        drop.chmod(0o777)  # the daemons could write here if they were still alive
+        drop.chmod(0o777)  # the daemons would write here if they were still alive
         daemon = f"""
             import os, time
             print(os.getuid(), flush=True)
             if os.fork() == 0:
                 os.setsid()  # out of the run's process group
                 if os.fork() == 0:
-                    time.sleep(1.5)
+                    time.sleep(30)
                     open(os.path.join({str(drop)!r}, str(os.getuid())), "w").write("escaped")
                 os._exit(0)
             time.sleep(0.2)
         """
         endings = ["", "os._exit(0)", "while True:\n    pass"]
-        results = run_many([(textwrap.dedent(daemon) + end + "\n", "") for end in endings], Limits(wall_s=0.8))
+        results = run_many([(textwrap.dedent(daemon) + end + "\n", "") for end in endings], Limits(wall_s=3, cpu_s=600))
         assert [r.ok for r in results] == [True, False, False]
-        time.sleep(1.5)  # past the daemons' wake-up, had they survived
-        assert list(drop.iterdir()) == []
         for r in results:
-            assert_all_gone(first_int(r.stdout))
+            assert_all_gone(first_int(r.stdout))  # a daemon still sleeping would be a process of its uid
+        assert list(drop.iterdir()) == []
     finally:
         shutil.rmtree(drop)
 
