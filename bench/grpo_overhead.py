@@ -47,7 +47,7 @@ def bare(model: str, out: str, steps: int) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from r1kit.tasks import addition
-    from rewards.math import math_accuracy
+    from r1kit.rewards.math import math_accuracy
 
     def accuracy(prompts, completions, answer, **kwargs):
         return math_accuracy(completions, answer=answer)

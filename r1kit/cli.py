@@ -19,8 +19,7 @@ import logging
 import sys
 import time
 
-from r1kit.config import RecipeError
-from r1kit.rewards import RewardError
+from r1kit.errors import RecipeError, RewardError
 
 log = logging.getLogger("r1kit")
 
@@ -83,7 +82,7 @@ def _relaunch_under_accelerate(args) -> None:
 
 def _cmd_run(args) -> None:
     from r1kit import pipeline
-    from r1kit.config import load_recipe
+    from r1kit.recipe import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
     if args.accelerate_config:
@@ -106,7 +105,7 @@ def _cmd_run(args) -> None:
 
 def _cmd_validate(args) -> None:
     from r1kit import pipeline
-    from r1kit.config import load_recipe
+    from r1kit.recipe import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
     if args.accelerate_config:
@@ -125,7 +124,7 @@ def _cmd_tiny(args) -> None:
 
 
 def _cmd_rewards_list(args) -> None:
-    from r1kit import rewards
+    from r1kit import reward_registry as rewards
 
     for name, target in sorted(rewards.available().items()):
         fn = rewards.load(name)
@@ -135,7 +134,7 @@ def _cmd_rewards_list(args) -> None:
 
 
 def _cmd_rewards_score(args) -> None:
-    from r1kit import rewards
+    from r1kit import reward_registry as rewards
     from r1kit.config import parse_override
 
     params = {}

@@ -20,25 +20,23 @@ Overrides are ``KEY=VALUE`` with dotted paths whose first part is a top-level ke
 (``rl.trainer.learning_rate=1e-6``); values are YAML scalars. Both YAML files and overrides read
 ``1e-6`` as a float (plain YAML 1.1 reads it as a string).
 
-This module only parses and checks; it runs nothing and writes nothing.
+This module holds the building blocks (typed sections, strict conversion, overrides); stage kinds
+build their configs from them, and `r1kit.recipe` reads a whole recipe file with them. It only
+parses and checks; it runs nothing and writes nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import re
 import types
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-
-class RecipeError(ValueError):
-    """A recipe (or an override of it) is not valid; the message is one line for the user."""
+from r1kit.errors import RecipeError, suggest
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,11 +119,11 @@ class PromptStageConfig(StageConfig):
 
     def check_prompting(self, no_rewards: str) -> None:
         """Refuse an empty or unknown rewards list (`no_rewards` says why one is needed) and an unknown template."""
-        from r1kit import rewards, templates
+        from r1kit import reward_registry, templates
 
         if not self.rewards:
             raise RecipeError(f"{self.name}.rewards: {no_rewards}")
-        rewards.from_recipe(self.rewards, f"{self.name}.rewards")
+        reward_registry.from_recipe(self.rewards, f"{self.name}.rewards")
         problem = templates.check(self.template)
         if problem:
             raise RecipeError(f"{self.name}.template: {problem}")
@@ -154,11 +152,6 @@ class Recipe:
 
 # ---------------------------------------------------------------------------------------------
 # Strict conversion of plain data into dataclasses
-
-
-def _suggest(key: str, allowed: list[str]) -> str:
-    close = difflib.get_close_matches(key, allowed, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _type_name(tp: Any) -> str:
@@ -245,7 +238,7 @@ def from_dict(cls: type, data: Any, where: str) -> Any:
     for key, value in data.items():
         if key not in fields:
             raise RecipeError(
-                f"{where}: unknown key {key!r}{_suggest(str(key), list(fields))}; "
+                f"{where}: unknown key {key!r}{suggest(str(key), list(fields))}; "
                 f"allowed: {', '.join(fields)}"
             )
         kwargs[key] = convert(value, hints[key], f"{where}.{key}" if where else key)
@@ -269,7 +262,7 @@ def check_trainer_block(config_cls: type, block: Any, where: str) -> dict[str, A
         if key not in names:
             raise RecipeError(
                 f"{where}: {key!r} is not a field of {config_cls.__module__.split('.')[0]}."
-                f"{config_cls.__name__}{_suggest(str(key), names)}"
+                f"{config_cls.__name__}{suggest(str(key), names)}"
             )
         if key == "output_dir":
             raise RecipeError(f"{where}.output_dir: set by r1kit (output_dir/<stage name>); remove it")
@@ -311,7 +304,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
                 allowed = sorted(k for k in list(raw) + list(by_name) if k != "stages")
                 raise RecipeError(
                     f"override {text!r}: {path[0]!r} is neither a top-level key nor a stage name"
-                    f"{_suggest(path[0], allowed)}; stages: {', '.join(by_name)}"
+                    f"{suggest(path[0], allowed)}; stages: {', '.join(by_name)}"
                 )
         for part in rest[:-1]:
             nxt = target.setdefault(part, {})
@@ -320,82 +313,6 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
             target = nxt
         target[rest[-1]] = value
     return raw
-
-
-# ---------------------------------------------------------------------------------------------
-# Loading
-
-
-def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
-    """Read, override and check a recipe file. Raises RecipeError with a one-line message."""
-    from r1kit import stages as stage_registry  # stage kinds declare their config classes
-
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise RecipeError(f"{path}: cannot read recipe ({exc.strerror})") from None
-    try:
-        raw = parse_yaml(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark else ""
-        raise RecipeError(f"{path}: not valid YAML{at}: {getattr(exc, 'problem', exc)}") from None
-    if not isinstance(raw, dict):
-        raise RecipeError(f"{path}: a recipe is a mapping with model, output_dir and stages")
-    try:
-        raw = apply_overrides(raw, list(overrides))
-        recipe = _build(raw, stage_registry)
-    except RecipeError as exc:
-        raise RecipeError(f"{path}: {exc}") from None
-    recipe.source = str(path)
-    return recipe
-
-
-def _build(raw: dict, stage_registry) -> Recipe:
-    stages_raw = raw.get("stages")
-    if not isinstance(stages_raw, list) or not stages_raw:
-        raise RecipeError("stages: expected a non-empty list of stages")
-    stages, seen = [], set()
-    for i, s in enumerate(stages_raw):
-        if not isinstance(s, dict):
-            raise RecipeError(f"stages[{i}]: expected a mapping with name and kind")
-        name = s.get("name")
-        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_\-]+", name):
-            raise RecipeError(f"stages[{i}].name: expected a name of letters, digits, '_' or '-', got {name!r}")
-        if name in seen:
-            raise RecipeError(f"stages[{i}].name: duplicate stage name {name!r}")
-        seen.add(name)
-        kind = s.get("kind")
-        kinds = stage_registry.kinds()
-        if kind not in kinds:
-            raise RecipeError(f"{name}.kind: unknown stage kind {kind!r}{_suggest(str(kind), kinds)}; allowed: {', '.join(kinds)}")
-        spec = stage_registry.get(kind)
-        stage = from_dict(spec.config, s, name)
-        if spec.trainer_config is not None:
-            stage.trainer = check_trainer_block(spec.trainer_config(), s.get("trainer"), f"{name}.trainer")
-        if spec.check is not None:
-            spec.check(stage)
-        stages.append(stage)
-    top = {k: v for k, v in raw.items() if k != "stages"}
-    top["stages"] = []
-    recipe = from_dict(Recipe, top, "")
-    recipe.stages = stages
-    earlier: set[str] = set()
-    for stage in stages:
-        for ref_where, ref in _stage_refs(stage):
-            if ref in seen and ref not in earlier:
-                raise RecipeError(f"{stage.name}.{ref_where}: stage {ref!r} runs after {stage.name!r}; a stage can only use earlier stages")
-        earlier.add(stage.name)
-    return recipe
-
-
-def _stage_refs(stage: StageConfig):
-    if stage.model:
-        yield "model", stage.model
-    data = getattr(stage, "data", None)
-    if isinstance(data, DataConfig):
-        yield "data.source", data.source
 
 
 def to_dict(obj: Any) -> Any:

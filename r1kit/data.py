@@ -12,13 +12,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from r1kit.config import DataConfig, RecipeError
+from r1kit.config import DataConfig
+from r1kit.errors import DataError
 
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
-
-
-class DataError(RecipeError):
-    """A dataset is missing, unreadable, or lacks a column a stage needs."""
 
 
 def is_local(source: str) -> bool:

@@ -22,7 +22,7 @@ default here is 16, a quarter of the cost; pass ``--samples 64`` to match the pa
 - mean completion length in tokens, the share of completions cut at ``max_tokens``, the share
   without an answer, and pass@1 by subject and by level when the benchmark has those fields.
 
-A sample is correct when `rewards.math.math_accuracy` says so (answer extraction and verifier,
+A sample is correct when the registered ``math_accuracy`` reward says so (answer extraction and verifier,
 so ``025`` equals ``25`` and ``\\frac43`` equals ``4/3``). A problem whose reference answer the
 verifier cannot parse is left out of the metrics and counted as ``unscorable``.
 
@@ -51,8 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from r1kit.config import RecipeError
-from rewards.math import FALLBACKS
+from r1kit.errors import RecipeError
+from r1kit.text import FALLBACKS
 
 log = logging.getLogger("r1kit")
 
@@ -233,7 +233,7 @@ def majority_votes(answer_lists: list[list[str | None]]) -> list[int | None]:
     cluster whose leading answer the verifier judges equal to it, else leads a new one. Every
     round compares the next distinct answer of all problems in one verifier batch.
     """
-    from rewards.math import equivalent_batch
+    verify = math_verifier()
 
     distinct = [list(dict.fromkeys(a for a in answers if a is not None)) for answers in answer_lists]
     leaders: list[list[int]] = [[] for _ in distinct]
@@ -245,7 +245,9 @@ def majority_votes(answer_lists: list[list[str | None]]) -> list[int | None]:
                 pairs += [(d[x], d[y]) for x in leaders[i]]
                 keys += [(i, x) for x in leaders[i]]
         joined: dict[int, int] = {}
-        for (i, x), same in zip(keys, equivalent_batch(pairs) if pairs else []):
+        # An extracted answer written back as an <answer> block extracts to itself.
+        same_as = verify([f"<answer>{b}</answer>" for _, b in pairs], answer=[a for a, _ in pairs]) if pairs else []
+        for (i, x), same in zip(keys, (v == 1.0 for v in same_as)):
             if same and i not in joined:  # keys are in leader order: the earliest match wins
                 joined[i] = x
         for i, d in enumerate(distinct):
@@ -299,12 +301,19 @@ def summarize(bench: Benchmark, rows: list[dict], k: int) -> dict[str, Any]:
     return out
 
 
+def math_verifier(fallback: str = "none"):
+    """The registered ``math_accuracy`` reward: the evaluator asks the registry, as a recipe does."""
+    from r1kit import reward_registry
+
+    return reward_registry.build("math_accuracy", {"fallback": fallback})
+
+
 def score(problems: list[Problem], completions: list[list[Any]], fallback: str = "none") -> list[dict]:
     """samples.jsonl rows for each problem's completions (objects with text, tokens, truncated)."""
-    from rewards.math import extract_answer, math_accuracy
+    from r1kit.text import extract_answer
 
     flat = [(p, j, c) for p, cs in zip(problems, completions) for j, c in enumerate(cs)]
-    verdicts = math_accuracy([c.text for _, _, c in flat], answer=[p.answer for p, _, _ in flat], fallback=fallback)
+    verdicts = math_verifier(fallback)([c.text for _, _, c in flat], answer=[p.answer for p, _, _ in flat])
     return [
         {"id": p.id, "sample": j, "completion": c.text, "answer": extract_answer(c.text, fallback),
          "correct": None if v is None else v == 1.0, "tokens": c.tokens, "truncated": c.truncated}

@@ -10,7 +10,7 @@ verified samples of one prompt and says which filter dropped each, in this order
 - ``long_paragraph``: a paragraph of the chain of thought (text between blank lines) longer than
   ``max_paragraph_chars`` (the paper gives no number: off by default);
 - ``mixed_language``: the chain of thought has words, and under ``min_language_share`` of them
-  are in ``language``'s script (the script heuristic of ``rewards.language``; a chain of thought
+  are in ``language``'s script (the script heuristic of ``r1kit.text``; a chain of thought
   of math alone has no words and passes);
 - ``code_in_cot``: a fenced code block (three backticks or tildes) inside the chain of thought;
 - ``repetition``: more than ``max_repetition`` of the word ``repetition_ngram``-grams of the
@@ -21,7 +21,7 @@ verified samples of one prompt and says which filter dropped each, in this order
   sample kept before it at least ``near_duplicate_threshold``. Exact Jaccard, not MinHash: a
   prompt has tens of samples, so comparing all pairs is cheap.
 
-The chain of thought is what ``rewards.language.chain_of_thought`` finds (inside
+The chain of thought is what ``r1kit.text.chain_of_thought`` finds (inside
 ``<think>…</think>``, or before a ``</think>`` when the prompt prefilled ``<think>``).
 Duplicates are looked for among one prompt's samples only: the same text answering two
 different questions is two examples.
@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from rewards.language import SCRIPTS, chain_of_thought, target_share
+from r1kit.text import SCRIPTS, chain_of_thought, target_share
 
 REASONS = (
     "truncated",

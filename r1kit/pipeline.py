@@ -38,7 +38,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from r1kit import stages as stage_registry
-from r1kit.config import Recipe, RecipeError, to_dict
+from r1kit.config import Recipe, to_dict
+from r1kit.errors import RecipeError
 from r1kit.data import is_local
 from r1kit.training import PACKAGE, package_file
 

@@ -136,7 +136,7 @@ TASKS = {"addition": addition, "chain": chain, "last_digit": last_digit}
 
 
 def generate(name: str, split: str, args: dict) -> list[dict]:
-    from r1kit.data import DataError
+    from r1kit.errors import DataError
 
     if name not in TASKS:
         raise DataError(f"task:{name}: unknown task; tasks: {', '.join(TASKS)}")

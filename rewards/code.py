@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import re
 
-from r1kit.rewards import RewardError
+from r1kit.errors import RewardError
 from r1kit.sandbox import Limits, run_many
 
 EXTRACT = ("last_block", "whole")

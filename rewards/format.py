@@ -30,8 +30,8 @@ It checks layout only, not whether the answer is right (that is ``math_accuracy`
 
 from __future__ import annotations
 
-from r1kit.rewards import RewardError
-from rewards.math import last_boxed
+from r1kit.errors import RewardError
+from r1kit.text import last_boxed
 
 MODES = ("strict", "lenient")
 ANSWERS = ("tags", "boxed")

@@ -2,7 +2,7 @@
 
     rewards: [{name: math_accuracy, weight: 1.0, fallback: last_number, timeout: 5.0}]
 
-    from rewards.math import math_accuracy
+    from r1kit.rewards.math import math_accuracy
     math_accuracy(["<think>half</think> <answer>\\frac12</answer>"], answer=["0.5"])   # [1.0]
 
 Public names:
@@ -10,11 +10,8 @@ Public names:
 - ``math_accuracy(completions, *, answer_column="answer", fallback="none", timeout=5.0, **columns)``:
   1.0 / 0.0 per completion; ``None`` for the samples whose reference cannot be parsed (logged),
   so a trainer skips them instead of teaching them as wrong.
-- ``extract_answer(text, fallback="none") -> str | None``: the final answer, trusted in this
-  order: the last ``<answer>…</answer>`` block (the ``\\boxed{}`` inside it, or its only formula
-  when the rest is words: "The answer is $5$." gives ``5``), else the last complete
-  ``\\boxed{…}``/``\\fbox{…}``, else, with ``fallback="last_number"``, the last number.
-- ``last_boxed(text) -> str | None``: the content of the last complete ``\\boxed{…}``/``\\fbox{…}``.
+- The final answer is found by ``r1kit.text.extract_answer`` (the last ``<answer>`` block, else
+  the last complete ``\\boxed{}``, else with ``fallback="last_number"`` the last number).
 - ``equivalent(gold, pred, timeout=5.0) -> bool`` and ``equivalent_batch(pairs, timeout=5.0)``:
   the same verifier on extracted answer strings (e.g. to cluster answers for cons@k). As in
   math-verify the check is not symmetric: the first string plays the reference.
@@ -59,77 +56,10 @@ from fractions import Fraction
 from functools import lru_cache
 from multiprocessing.connection import Connection, wait as wait_for_messages
 
-from r1kit.rewards import RewardError
+from r1kit.errors import RewardError
+from r1kit.text import BRACE, extract_answer
 
 logger = logging.getLogger(__name__)
-
-FALLBACKS = ("none", "last_number")
-
-# ---------------------------------------------------------------------------------------------
-# Extraction (calling process, pure string work, linear in the completion's length)
-
-_BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
-# `\{` and `\}` are literal set braces in LaTeX, not grouping: they do not count for balance.
-_BRACE = re.compile(r"(?<!\\)[{}]")
-_FORMULA = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
-_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|[-+]?\.\d+")
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last complete ``\\boxed{…}`` or ``\\fbox{…}`` in `text`, or None."""
-    starts = [m.end() - 1 for m in _BOX.finditer(text)]  # positions of the opening "{"
-    if not starts:
-        return None
-    # One pass from the first box start pairs every brace; a truncated `\boxed{` stays open.
-    close: dict[int, int] = {}
-    stack: list[int] = []
-    for m in _BRACE.finditer(text, starts[0]):
-        if m.group() == "{":
-            stack.append(m.start())
-        elif stack:
-            close[stack.pop()] = m.start()
-    for start in reversed(starts):
-        if start in close:
-            content = text[start + 1 : close[start]].strip()
-            return content or None
-    return None
-
-
-def _sole_formula(content: str) -> str:
-    """The formula of an answer written as a sentence around it ("The answer is $5$."), when
-    it is the only formula and the words hold no digits; else the content as it is."""
-    if len(content) > 1000:  # answers are short; this bounds the lazy regex's backtracking
-        return content
-    formulas = list(_FORMULA.finditer(content))
-    if len(formulas) == 1 and not re.search(r"\d", _FORMULA.sub(" ", content)):
-        inner = next(g for g in formulas[0].groups() if g is not None).strip()
-        if inner:
-            return inner
-    return content
-
-
-def extract_answer(text: str, fallback: str = "none") -> str | None:
-    """The final answer `text` gives: ``<answer>`` block, else last ``\\boxed{}``, else (with
-    ``fallback="last_number"``) the last number; None when there is none."""
-    if fallback not in FALLBACKS:
-        raise RewardError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
-    end = text.rfind("</answer>")
-    start = text.rfind("<answer>", 0, end) if end >= 0 else -1
-    if start >= 0:
-        content = text[start + len("<answer>") : end].strip()
-        if content:
-            boxed = last_boxed(content)
-            return boxed if boxed is not None else _sole_formula(content)
-    boxed = last_boxed(text)
-    if boxed is not None:
-        return boxed
-    if fallback == "last_number":
-        last = None
-        for last in _NUMBER.finditer(text):
-            pass
-        return last.group() if last else None
-    return None
-
 
 # ---------------------------------------------------------------------------------------------
 # Fast paths (calling process): only "certainly equal", or "different" for two plain integers
@@ -238,7 +168,7 @@ def _parse(answer: str) -> list:
 
 def _balanced(s: str) -> bool:
     depth = 0
-    for m in _BRACE.finditer(s):
+    for m in BRACE.finditer(s):
         depth += 1 if m.group() == "{" else -1
         if depth < 0:
             return False
@@ -279,7 +209,7 @@ def _worker_main(conn) -> None:
 _CTX = multiprocessing.get_context("forkserver")
 # Workers fork from a server that has already imported SymPy and math-verify: a replacement
 # for a killed worker starts in milliseconds instead of seconds.
-_CTX.set_forkserver_preload(["math_verify", "rewards.math"])
+_CTX.set_forkserver_preload(["math_verify", "r1kit.rewards.math"])
 MAX_WORKERS = max(1, min(len(os.sched_getaffinity(0)), 16))
 _START_TIMEOUT = 120.0  # a worker that cannot start in this time is a broken install, not a slow item
 _LOCK = threading.Lock()

@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 import math
 
-from r1kit.rewards import RewardError
+from r1kit.errors import RewardError
 
 TEXTS = ("summary", "full")
 NORMALIZE = ("none", "sigmoid")

@@ -37,7 +37,7 @@ def cold_start(tmp_path_factory, tiny_model) -> Path:
     """The tiny model after a short SFT on one-digit addition: right format, about 20% right sums
     when sampling at temperature 1, so GRPO rewards vary."""
     from r1kit import pipeline
-    from r1kit.config import load_recipe
+    from r1kit.recipe import load_recipe
 
     out = tmp_path_factory.mktemp("cold_start")
     recipe = out / "r.yaml"

@@ -42,3 +42,20 @@ def test_score_errors_are_one_line_exit_2(tmp_path, capsys):
     assert "has no parameter 'mood'" in capsys.readouterr().err
     assert main(["rewards", "score", "format", "--input", str(tmp_path / "missing.jsonl")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_a_users_own_rewards_module_does_not_shadow_the_builtins(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "rewards.py").write_text("def mine(completions, **columns):\n    return [1.0] * len(completions)\n")
+    env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    listed = subprocess.run([sys.executable, "-m", "r1kit.cli", "rewards", "list"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert "math_accuracy" in listed.stdout and "r1kit.rewards.math:math_accuracy" in listed.stdout
+    rows = tmp_path / "in.jsonl"
+    rows.write_text(json.dumps({"completion": "x"}) + "\n")
+    scored = subprocess.run([sys.executable, "-m", "r1kit.cli", "rewards", "score", "rewards:mine", "--input", str(rows)],
+                            cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert scored.returncode == 0, scored.stderr[-2000:]
+    assert json.loads(scored.stdout.splitlines()[0])["reward"] == 1.0  # and the user's module is theirs

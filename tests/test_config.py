@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from r1kit.cli import main
-from r1kit.config import RecipeError, apply_overrides, load_recipe, parse_override
+from r1kit.config import apply_overrides, parse_override
+from r1kit.errors import RecipeError
+from r1kit.recipe import load_recipe
 
 SFT = {"name": "sft", "kind": "sft", "data": {"source": "task:addition"}, "trainer": {"max_steps": 5}}
 

@@ -14,7 +14,7 @@ import pytest
 from r1kit import evaluate as ev
 from r1kit import pipeline
 from r1kit.cli import main
-from r1kit.config import load_recipe
+from r1kit.recipe import load_recipe
 from r1kit.sampling import Completion
 
 # ---------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import torch
 
 from r1kit import pipeline
 from r1kit.cli import main
-from r1kit.config import load_recipe
+from r1kit.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = {"source": "task:addition", "task": {"n": 80, "digits": 1}}
@@ -156,7 +156,6 @@ def test_bad_reward_config_is_a_recipe_error(write_recipe, tiny_model, capsys, r
 
 
 def test_templates():
-    from transformers import AutoTokenizer
 
     from r1kit import templates
 
@@ -185,7 +184,7 @@ def test_chat_template_adds_r1_guidance(tiny_model):
     [(10, 0.0), (12, 0.0), (14, -0.5), (16, -1.0), (17, -1.0)],
 )
 def test_overlong_penalty_is_dapos_soft_punishment(length, expected):
-    from rewards.length import overlong_penalty
+    from r1kit.rewards.length import overlong_penalty
 
     ids = [[0] * length]
     assert overlong_penalty(["x"], max_length=16, cache=4, completion_ids=ids) == [expected]

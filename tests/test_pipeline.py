@@ -10,11 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 from r1kit.cli import main
-from r1kit.config import load_recipe
+from r1kit.recipe import load_recipe
 from r1kit import pipeline
 
 TRAINER = {

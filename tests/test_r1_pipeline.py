@@ -11,7 +11,7 @@ import torch
 
 from r1kit import pipeline
 from r1kit.cli import main
-from r1kit.config import load_recipe
+from r1kit.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = {"source": "task:addition", "task": {"n": 80, "digits": 1}}

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from r1kit import pipeline
-from r1kit.config import DataConfig, RecipeError, load_recipe
+from r1kit.config import DataConfig
+from r1kit.errors import RecipeError
+from r1kit.recipe import load_recipe
 from r1kit.filters import normalize
 from r1kit.stages.rejection import DROPS, RejectionStage, select
 from r1kit.tasks import addition
@@ -84,7 +86,7 @@ def test_kept_samples_verify_and_statistics_add_up(write_recipe, cold_start, tmp
     task = {r["id"]: r for r in addition(n=24, digits=1, seed=42)}
     assert rows and stats["dropped"]["failed"] > 0  # the model is right sometimes, not always
 
-    from rewards.math import math_accuracy
+    from r1kit.rewards.math import math_accuracy
 
     assert math_accuracy([r["completion"] for r in rows], answer=[task[r["id"]]["answer"] for r in rows]) == [1.0] * len(rows)
     for r in rows:

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from r1kit import rewards
-from rewards.code import code_tests, extract_program, normalise_output
+from r1kit import reward_registry as rewards
+from r1kit.rewards.code import code_tests, extract_program, normalise_output
 
 # A HumanEval-style sample: tests define check(candidate), the entry point names the function.
 TESTS = "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n"

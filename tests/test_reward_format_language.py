@@ -4,9 +4,11 @@ import timeit
 
 import pytest
 
-from r1kit.rewards import RewardError, build, summary
-from rewards.format import format_reward
-from rewards.language import chain_of_thought, language_consistency
+from r1kit.errors import RewardError
+from r1kit.reward_registry import build, summary
+from r1kit.rewards.format import format_reward
+from r1kit.rewards.language import language_consistency
+from r1kit.text import chain_of_thought
 
 
 
@@ -157,7 +159,7 @@ def test_registered():
 
 
 def test_format_sees_a_prefilled_think_in_the_prompt_column():
-    from rewards.format import format_reward
+    from r1kit.rewards.format import format_reward
 
     completion = "reasoning </think> <answer> 4 </answer>"
     prompts = ["Assistant: <think>\n", "Assistant:"]
@@ -165,7 +167,7 @@ def test_format_sees_a_prefilled_think_in_the_prompt_column():
 
 
 def test_a_column_named_like_a_parameter_does_not_override_it():
-    from r1kit.rewards import build
+    from r1kit.reward_registry import build
 
     reward = build("format", {"mode": "lenient"})
     # `mode` and `answer_format` arrive as columns too; the parameters keep their values.

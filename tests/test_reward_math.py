@@ -9,8 +9,10 @@ import threading
 
 import pytest
 
-from r1kit.rewards import RewardError, build, summary
-from rewards.math import equivalent, equivalent_batch, extract_answer, last_boxed, math_accuracy
+from r1kit.errors import RewardError
+from r1kit.reward_registry import build, summary
+from r1kit.rewards.math import equivalent, equivalent_batch, math_accuracy
+from r1kit.text import extract_answer, last_boxed
 
 EQUAL = [
     ("0.5", "1/2"),
@@ -161,7 +163,7 @@ def test_math_accuracy_groups_and_integer_columns():
 
 
 def test_unparseable_reference_is_none_and_logged(caplog):
-    with caplog.at_level(logging.WARNING, logger="rewards.math"):
+    with caplog.at_level(logging.WARNING, logger="r1kit.rewards.math"):
         scores = math_accuracy(
             ["\\boxed{\\frac{1}{}", "no answer", "\\boxed{5}", "\\boxed{5}"],
             answer=["\\frac{1}{", "\\frac{1}{", "", None],
@@ -242,7 +244,7 @@ def test_pathological_answers_never_hang_the_batch(caplog):
         "\\boxed{" * 100_000,
         "\\boxed{5}",
     ]
-    caplog.set_level(logging.WARNING, logger="rewards.math")
+    caplog.set_level(logging.WARNING, logger="r1kit.rewards.math")
     scores = returns(lambda: math_accuracy(completions, answer=["5"] * len(completions), timeout=TIMEOUT))
     assert scores == [0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0]
     cut = [r.getMessage() for r in caplog.records if "took longer than 1 s" in r.getMessage()]

@@ -8,10 +8,11 @@ import math
 
 import pytest
 
-from r1kit import pipeline, rewards
+from r1kit import pipeline
+from r1kit import reward_registry as rewards
 from r1kit.cli import main
-from r1kit.config import load_recipe
-from r1kit.rewards import RewardError
+from r1kit.recipe import load_recipe
+from r1kit.errors import RewardError
 
 THOUGHT = "<think> 40 plus 2 is 42, let me double check the tens and the units. </think> "
 
@@ -34,7 +35,7 @@ def tiny_rm(tiny_model, tmp_path_factory) -> str:
 
 
 def score(rm, completions, **params_and_columns):
-    from rewards.reward_model import reward_model
+    from r1kit.rewards.reward_model import reward_model
 
     return reward_model(completions, model=rm, **params_and_columns)
 
@@ -77,7 +78,7 @@ def test_question_column_and_normalisation(tiny_rm):
 
 
 def test_loaded_once_per_process_and_registered(tiny_rm):
-    from rewards.reward_model import load
+    from r1kit.rewards.reward_model import load
 
     load.cache_clear()
     reward = rewards.build("reward_model", {"model": tiny_rm, "normalize": "sigmoid"})

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from r1kit import pipeline
-from r1kit.config import load_recipe
+from r1kit.recipe import load_recipe
 from r1kit.sampling import SamplingParams, load_sampler
 
 PROMPTS = ["What is 3 + 4?", "What is 8 + 1?", "What is 0 + 9?", "What is 6 + 6?"]

@@ -58,7 +58,7 @@ def test_direct_share_of_demonstrations(make):
 
 
 def test_bad_arguments_are_one_line_errors():
-    from r1kit.data import DataError
+    from r1kit.errors import DataError
 
     with pytest.raises(DataError, match=r"task:last_digit: direct must be between 0 and 1, got 1.5"):
         generate("last_digit", "train", {"direct": 1.5})

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from r1kit.sampling import Completion, SamplingParams
+from r1kit.sampling.base import Completion, SamplingParams
 
 
 class HFSampler:

@@ -27,7 +27,7 @@ import os
 
 import torch
 
-from r1kit.sampling import Completion, SamplingParams
+from r1kit.sampling.base import Completion, SamplingParams
 
 
 class VLLMSampler:

@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from r1kit import evaluate as ev
-from r1kit.config import RecipeError, StageConfig
-from r1kit.stages import StageContext, StageKind, StageResult
+from r1kit.config import StageConfig
+from r1kit.errors import RecipeError
+from r1kit.stages.base import StageContext, StageKind, StageResult
 
 log = logging.getLogger("r1kit")
 _D = ev.Settings()

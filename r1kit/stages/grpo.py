@@ -10,7 +10,7 @@
       dynamic_sampling: false                          # DAPO: drop zero-signal groups and refill
       trainer: {learning_rate: 3.0e-6, num_generations: 16}    # trl.GRPOConfig fields, as they are
 
-Rewards come from the reward registry (r1kit.rewards) and map onto TRL's ``reward_funcs`` and
+Rewards come from the reward registry (r1kit.reward_registry) and map onto TRL's ``reward_funcs`` and
 ``reward_weights``; TRL logs each one's mean and std under its name, and every logged figure
 (rewards, completion lengths and clipped share, zero-std group share, entropy, KL) also lands in
 ``<stage>/metrics.jsonl``.
@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from r1kit import data as data_lib
-from r1kit import rewards as reward_registry
+from r1kit import reward_registry
 from r1kit import templates
-from r1kit.config import PromptStageConfig, RecipeError
-from r1kit.stages import StageContext, StageKind, StageResult
+from r1kit.config import PromptStageConfig
+from r1kit.errors import RecipeError
+from r1kit.stages.base import StageContext, StageKind, StageResult
 from r1kit.training import checkpoint_step, last_checkpoint, make_metrics_log, read_metrics, train_and_save, trainer_args
 
 # The DeepSeek-R1 paper's GRPO (arXiv:2501.12948, section 2.2): KL coefficient 0.001, and the

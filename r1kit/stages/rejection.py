@@ -68,11 +68,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from r1kit import data as data_lib
-from r1kit import rewards as reward_registry
+from r1kit import reward_registry
 from r1kit import templates
-from r1kit.config import PromptStageConfig, RecipeError, to_dict
+from r1kit.config import PromptStageConfig, to_dict
+from r1kit.errors import RecipeError
 from r1kit.filters import REASONS, FilterConfig, filter_group
-from r1kit.stages import StageContext, StageKind, StageResult
+from r1kit.stages.base import StageContext, StageKind, StageResult
 
 log = logging.getLogger("r1kit")
 
@@ -129,7 +130,7 @@ class RejectionStage(PromptStageConfig):
 
 
 def check(stage: RejectionStage) -> None:
-    from rewards.language import SCRIPTS
+    from r1kit.text import SCRIPTS
 
     stage.check_prompting("a rejection stage needs at least one reward to verify samples")
     for key in ("samples", "chunk_prompts"):

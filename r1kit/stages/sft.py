@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from r1kit import data as data_lib
 from r1kit.config import DataConfig, StageConfig
-from r1kit.stages import StageContext, StageKind, StageResult
+from r1kit.stages.base import StageContext, StageKind, StageResult
 from r1kit.training import checkpoint_step, last_checkpoint, make_metrics_log, read_metrics, trainer_args, train_and_save
 
 

@@ -19,8 +19,9 @@ rows to ``math_accuracy`` and general rows to ``reward_model``. The function its
 rows routed away. ``when`` is reserved next to ``name`` and ``weight``: no reward has a parameter of
 that name.
 
-Rewards are found by name through the ``r1kit.rewards`` entry-point group (the built-ins in the
-top-level ``rewards`` package register there too, see pyproject.toml), or by a
+Rewards are found by name through the ``r1kit.rewards`` entry-point group (the built-ins, the
+repository's ``rewards/`` folder installed as the package ``r1kit.rewards``, register there too,
+see pyproject.toml), or by a
 ``"package.module:function"`` string for code that is not installed as a package.
 
 This module does not know any particular reward and never imports one by name.
@@ -28,7 +29,6 @@ This module does not know any particular reward and never imports one by name.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import importlib
 import inspect
@@ -36,25 +36,16 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Callable
 
-from r1kit.config import RecipeError
+from r1kit.errors import RecipeError, RewardError, suggest
 
 ENTRY_POINT_GROUP = "r1kit.rewards"
 
 RewardFn = Callable[..., list]
 
 
-class RewardError(ValueError):
-    """A reward could not be found, configured, or returned a malformed result."""
-
-
 def available() -> dict[str, str]:
     """Registered reward names mapped to their ``module:function`` targets."""
     return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
-
-
-def _suggest(name: str, choices: list[str]) -> str:
-    close = difflib.get_close_matches(name, choices, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def load(name: str) -> RewardFn:
@@ -73,7 +64,7 @@ def load(name: str) -> RewardFn:
     if name not in registered:
         names = sorted(registered)
         raise RewardError(
-            f"unknown reward {name!r}{_suggest(name, names)}; registered rewards: {', '.join(names)}; "
+            f"unknown reward {name!r}{suggest(name, names)}; registered rewards: {', '.join(names)}; "
             "or give a 'module:function' path"
         )
     return registered[name].load()
@@ -179,7 +170,7 @@ def build(name: str, params: dict[str, Any] | None = None, weight: float = 1.0) 
         if key not in allowed:
             listed = ", ".join(sorted(allowed)) or "none"
             raise RewardError(
-                f"reward {name!r} has no parameter {key!r}{_suggest(key, list(allowed))}; "
+                f"reward {name!r} has no parameter {key!r}{suggest(key, list(allowed))}; "
                 f"its parameters: {listed}"
             )
         params[key] = _check_type(name, key, value, allowed[key])
