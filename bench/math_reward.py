@@ -191,11 +191,11 @@ def _cpu_seconds(pid: int) -> float:
 def r1kit(completions: list[str], refs: list[str], batch: int, timeout: float) -> tuple[list, float, float]:
     """math_accuracy over the pairs in trainer-sized batches: scores, wall time, and CPU time
     of the calling process plus the pool's workers."""
-    from r1kit.rewards import math as math_reward
+    from r1kit.rewards import math_pool
     from r1kit.rewards.math import math_accuracy
 
     def pool_cpu() -> dict[int, float]:
-        return {w.proc.pid: _cpu_seconds(w.proc.pid) for w in math_reward._POOL}  # bench-only peek
+        return {w.proc.pid: _cpu_seconds(w.proc.pid) for w in math_pool._POOL}  # bench-only peek
 
     scores = []
     workers_before, cpu_before = pool_cpu(), time.process_time()
@@ -232,7 +232,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
 
-    from r1kit.rewards.math import MAX_WORKERS
+    from r1kit.rewards.math_pool import MAX_WORKERS
 
     completions, refs, kinds = make_pairs(args.n, args.group, args.seed)
     chars = sum(map(len, completions)) / len(completions)

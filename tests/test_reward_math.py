@@ -244,7 +244,7 @@ def test_pathological_answers_never_hang_the_batch(caplog):
         "\\boxed{" * 100_000,
         "\\boxed{5}",
     ]
-    caplog.set_level(logging.WARNING, logger="r1kit.rewards.math")
+    caplog.set_level(logging.WARNING, logger="r1kit.rewards")
     scores = returns(lambda: math_accuracy(completions, answer=["5"] * len(completions), timeout=TIMEOUT))
     assert scores == [0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0]
     cut = [r.getMessage() for r in caplog.records if "took longer than 1 s" in r.getMessage()]

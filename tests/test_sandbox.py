@@ -365,3 +365,29 @@ def test_without_root_the_fallbacks_still_decide_and_block_sockets():
     assert report["warned"] == 1
     assert report["ok"] == [True, False, False, False]
     assert "network access is disabled in the r1kit sandbox" in report["stderr"][3]
+
+
+def test_the_fork_server_is_a_module_that_imports_without_side_effects():
+    # Imported in a fresh interpreter: no socket touched, no namespace made, nothing run.
+    probe = "import r1kit.sandbox_server as s, sys; print(s.CONTROL, s.active, 'r1kit.sandbox' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.split() == ["-1", "{}", "False"], out.stderr
+
+
+def test_run_program_reports_the_exit_status_and_marks_only_a_finished_program(tmp_path):
+    # The child's last step, on its own: exit statuses as the interpreter gives them, and the
+    # pass marker written only when the program ran to its end.
+    probe = textwrap.dedent("""
+        import os, sys
+        import r1kit.sandbox_server as s
+        read, write = os.pipe()
+        status = s.run_program(write, b"NONCE")
+        os.close(write)
+        print(status, os.read(read, 64).decode() or "-", file=sys.__stderr__)
+    """)
+    cases = {"x = 1\n": "0 NONCEP", "import sys\nsys.exit(3)\n": "3 -", "raise ValueError\n": "1 -", "import os\nos._exit(0)\n": None}
+    for program, expected in cases.items():
+        (tmp_path / "prog.py").write_text(program)
+        out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        last = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else None
+        assert last == expected, (program, out.stderr)
