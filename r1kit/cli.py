@@ -19,13 +19,16 @@ import logging
 import sys
 import time
 
-from r1kit.errors import RecipeError, RewardError
+from r1kit.errors import EvalError, RecipeError, RewardError
 
 log = logging.getLogger("r1kit")
 
 
 def _parser() -> argparse.ArgumentParser:
+    from importlib.metadata import version
+
     p = argparse.ArgumentParser(prog="r1kit", description="Reasoning-RL post-training: the DeepSeek-R1 recipe on TRL.")
+    p.add_argument("--version", action="version", version=f"r1kit {version('r1kit')}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run or resume a recipe", description="Run a recipe's stages in order; finished stages are skipped, an interrupted one resumes.")
@@ -35,13 +38,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--accelerate-config", metavar="FILE", help="run under `accelerate launch` with this config (DDP, DeepSpeed, FSDP)")
 
     val = sub.add_parser("validate", help="check a recipe without running it", description="Load and check a recipe (and overrides); print the resolved stages.")
-    val.add_argument("recipe")
-    val.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    val.add_argument("recipe", help="recipe YAML file")
+    val.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, as for run")
     val.add_argument("--accelerate-config", metavar="FILE", help="also check this accelerate config file")
 
     tiny = sub.add_parser("tiny-model", help="build the offline tiny model", description="Build a tiny random Qwen2-style model and tokenizer offline.")
-    tiny.add_argument("out_dir", metavar="OUTDIR")
-    tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("out_dir", metavar="OUTDIR", help="folder to write the model and tokenizer to")
+    tiny.add_argument("--seed", type=int, default=0, help="seed of the random weights (default: 0)")
 
     rw = sub.add_parser("rewards", help="list or try rewards", description="List registered rewards or score a jsonl file with one.")
     rsub = rw.add_subparsers(dest="rewards_command", required=True, metavar="ACTION")
@@ -51,12 +54,115 @@ def _parser() -> argparse.ArgumentParser:
     score.add_argument("--input", default="-", help="jsonl file (default: stdin)")
     score.add_argument("--output", default="-", help="jsonl file (default: stdout)")
     score.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="reward parameter (repeatable)")
-    score.add_argument("--batch-size", type=int, default=1024)
+    score.add_argument("--batch-size", type=int, default=1024, help="rows per reward call (default: 1024)")
 
-    from r1kit import evaluate
-
-    evaluate.add_cli(sub)
+    _add_eval(sub)
     return p
+
+
+class _Defaults(argparse.HelpFormatter):
+    """Help with each flag's default, where it has one."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, [], argparse.SUPPRESS) or action.option_strings == ["-h", "--help"]:
+            return action.help
+        return f"{action.help} (default: {action.default})"
+
+
+def _add_flags(parser, cls: type, names: list[str], metavars: dict[str, str] = {}) -> None:
+    """``--name`` flags for the fields `names` of dataclass `cls`: type, choices, default and help
+    all come from the field's declaration (its annotation, default and docstring)."""
+    import dataclasses
+    import typing
+
+    from r1kit.config import field_docs
+
+    hints, docs = typing.get_type_hints(cls), field_docs(cls)
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    for name in names:
+        flag, tp, default = "--" + name.replace("_", "-"), hints[name], defaults[name]
+        if tp is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=docs[name])
+            continue
+        options = [a for a in typing.get_args(tp) if a is not type(None)]
+        if typing.get_origin(tp) is typing.Literal:
+            parser.add_argument(flag, choices=options, default=default, help=docs[name])
+        else:
+            kind = options[0] if options else tp  # `int | None` takes ints
+            parser.add_argument(flag, type=kind, default=default, metavar=metavars.get(name), help=docs[name])
+
+
+def _add_eval(sub) -> None:
+    """``r1kit eval`` (flags generated from the protocol's declarations) and ``r1kit eval compare``."""
+    import dataclasses
+
+    from r1kit.benchmarks import BENCHMARKS, BenchmarkFields
+    from r1kit.evaluate import Settings
+    from r1kit.sampling.base import EngineConfig
+
+    ev = sub.add_parser(
+        "eval",
+        usage="r1kit eval --benchmark B --output DIR (--model M | --completions GEN.jsonl) [options]\n"
+        "       r1kit eval compare DIR [DIR ...]",
+        help="evaluate a model on a benchmark (DeepSeek-R1 protocol); eval compare: tables side by side",
+        description="Sample k completions per problem and report pass@1, cons@k and pass@k (see r1kit.evaluate). "
+        "Defaults are the DeepSeek-R1 protocol's.",
+        formatter_class=_Defaults,
+    )
+    ev.add_argument("--benchmark", help=f"{', '.join(BENCHMARKS)}, task:NAME, or a .jsonl/.json/.parquet file")
+    ev.add_argument("--output", metavar="DIR", help="folder for settings.json, samples.jsonl and summary.json")
+    ev.add_argument("--model", help="model folder or hub id to sample")
+    ev.add_argument("--completions", metavar="GEN.jsonl", help="score these generations instead of sampling a model")
+    protocol = [f.name for f in dataclasses.fields(Settings)]
+    _add_flags(ev, Settings, protocol, {"samples": "K"})
+    _add_flags(ev, EngineConfig, ["backend"])
+    _add_flags(ev, BenchmarkFields, ["limit", "id_field", "problem_field", "answer_field"], {"limit": "N"})
+    ev.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="argument of a task:NAME benchmark (repeatable)")
+    ev.set_defaults(handler=_cmd_eval)
+    esub = ev.add_subparsers(dest="eval_command", title="subcommand", metavar="compare DIR [DIR ...]", help="side-by-side table of evaluations")
+    cmp = esub.add_parser("compare", usage="r1kit eval compare DIR [DIR ...]", description="One row per summary.json; a DIR without one contributes each DIR/*/summary.json.")
+    cmp.add_argument("dirs", nargs="+", metavar="DIR", help="evaluation folders")
+    cmp.set_defaults(handler=_cmd_compare)
+
+
+def _cmd_eval(args) -> None:
+    import dataclasses
+
+    from r1kit.benchmarks import load_benchmark
+    from r1kit.config import parse_override
+    from r1kit.evaluate import Settings, evaluate, score_completions, table
+
+    if not args.benchmark or not args.output or bool(args.model) == bool(args.completions):
+        raise EvalError("eval needs --benchmark, --output, and either --model or --completions")
+    task_args = {}
+    for text in args.task_arg:
+        key, value = parse_override(text)
+        task_args[".".join(key)] = value
+    fields = {"id_field": args.id_field, "problem_field": args.problem_field, "answer_field": args.answer_field}
+    bench = load_benchmark(args.benchmark, **fields, limit=args.limit, task_args=task_args, seed=args.seed)
+    if args.completions:
+        summary = score_completions(bench, args.completions, args.output, args.answer_fallback)
+    else:
+        settings = Settings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)})
+        summary = evaluate(bench, args.output, settings, model=args.model, backend=args.backend)
+    print(table([summary]), end="")
+    print(f"samples and summary: {args.output}")
+
+
+def _cmd_compare(args) -> None:
+    from pathlib import Path
+
+    from r1kit.evaluate import table
+
+    summaries, labels = [], []
+    for d in map(Path, args.dirs):
+        found = [d / "summary.json"] if (d / "summary.json").is_file() else sorted(d.glob("*/summary.json"))
+        if not found:
+            raise EvalError(f"{d}: no summary.json here or in its subfolders")
+        for path in found:
+            summaries.append(json.loads(path.read_text()))
+            labels.append(str(path.parent))
+    print(table(summaries, labels), end="")
 
 
 def _check_accelerate_config(path: str) -> None:
@@ -161,14 +267,13 @@ def _cmd_rewards_score(args) -> None:
         columns = {k: [r.get(k) for r in batch] for k in keys}
         scores += reward([r["completion"] for r in batch], **columns)
     elapsed = time.time() - t0
-    fout = sys.stdout if args.output == "-" else open(args.output + ".partial", "w")
-    for row, s in zip(rows, scores):
-        fout.write(json.dumps({**row, "reward": s}) + "\n")
-    if args.output != "-":
-        fout.close()
-        import os
+    text = "".join(json.dumps({**row, "reward": s}) + "\n" for row, s in zip(rows, scores))
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        from r1kit.files import write_atomic
 
-        os.replace(args.output + ".partial", args.output)
+        write_atomic(args.output, text)
     valid = [s for s in scores if s is not None]
     mean = sum(valid) / len(valid) if valid else float("nan")
     print(

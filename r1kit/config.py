@@ -27,7 +27,10 @@ parses and checks; it runs nothing and writes nothing.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
+import textwrap
 import re
 import types
 import typing
@@ -37,6 +40,7 @@ from typing import Any
 import yaml
 
 from r1kit.errors import RecipeError, suggest
+from r1kit.templates import Prompting
 
 
 # ---------------------------------------------------------------------------------------------
@@ -104,18 +108,14 @@ class StageConfig:
 
 
 @dataclass(kw_only=True)
-class PromptStageConfig(StageConfig):
+class PromptStageConfig(StageConfig, Prompting):
     """Fields of the stages that prompt the model with a dataset's questions and score the answers
-    with rewards (grpo, rejection)."""
+    with rewards (grpo, rejection): data, rewards, and `template` / `think_prefill`."""
 
     data: DataConfig
     """Prompts; every other column reaches the rewards as a keyword argument."""
     rewards: list[dict[str, Any]]
     """Rewards: {name, weight, when, <parameters>} each; names from `r1kit rewards list` or module:function."""
-    template: str = "r1_zero"
-    """Prompt template: r1_zero, chat, plain, or a string containing {prompt}."""
-    think_prefill: bool = False
-    """Start the model's turn with '<think>\\n'."""
 
     def check_prompting(self, no_rewards: str) -> None:
         """Refuse an empty or unknown rewards list (`no_rewards` says why one is needed) and an unknown template."""
@@ -313,6 +313,20 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
             target = nxt
         target[rest[-1]] = value
     return raw
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Each dataclass field's docstring (the string right after the field), through the bases:
+    the one text behind a recipe field's documentation and its command-line help."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        for node, after in zip(body, body[1:]):
+            if isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
+                docs[node.target.id] = " ".join(str(after.value.value).split())
+    return docs
 
 
 def to_dict(obj: Any) -> Any:

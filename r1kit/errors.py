@@ -27,3 +27,7 @@ def suggest(name: str, choices: list[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest of `choices`, or nothing."""
     close = difflib.get_close_matches(name, choices, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+class EvalError(RecipeError):
+    """Bad evaluation input (benchmark, completions, settings); one line for the user."""

@@ -40,6 +40,7 @@ from pathlib import Path
 from r1kit import stages as stage_registry
 from r1kit.config import Recipe, to_dict
 from r1kit.errors import RecipeError
+from r1kit.files import write_atomic
 from r1kit.data import is_local
 from r1kit.training import PACKAGE, package_file
 
@@ -62,9 +63,7 @@ def barrier() -> None:
 
 
 def write_json_atomic(path: Path, data) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def fingerprint(recipe: Recipe, stage) -> tuple[str, dict]:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from r1kit.files import write_atomic
+
 
 def _source_stage(model: str, records: dict[str, dict]) -> str:
     """Which stage produced `model` ("start" for the recipe's own model)."""
@@ -104,7 +106,5 @@ def write_report(recipe, records: dict[str, dict]) -> Path:
         if stage.kind == "grpo" and plot_rl(out / stage.name / "metrics.jsonl", out / "plots" / f"{stage.name}.png"):
             parts += [f"## RL curves: {stage.name}", "", f"![{stage.name}](plots/{stage.name}.png)", ""]
     report = out / "report.md"
-    tmp = report.with_suffix(".md.tmp")
-    tmp.write_text("\n".join(parts))
-    tmp.replace(report)
+    write_atomic(report, "\n".join(parts))
     return report

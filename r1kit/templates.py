@@ -15,6 +15,8 @@ Not here: tokenization (trainers and samplers tokenize the rendered text).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 R1_ZERO = (
     "A conversation between User and Assistant. The user asks a question, and the Assistant solves it. "
     "The assistant first thinks about the reasoning process in the mind and then provides the user "
@@ -25,6 +27,16 @@ R1_ZERO = (
 R1_GUIDANCE = "Please reason step by step, and put your final answer within \\boxed{}."
 NAMES = ("r1_zero", "chat", "plain")
 THINK_PREFILL = "<think>\n"
+
+
+@dataclass(kw_only=True)
+class Prompting:
+    """How a stage turns a question into the text the model continues."""
+
+    template: str = "r1_zero"
+    """Prompt template: r1_zero, chat, plain, or a string containing {prompt}."""
+    think_prefill: bool = False
+    """Start the model's turn with '<think>\\n'."""
 
 
 def check(template: str) -> str | None:

@@ -19,13 +19,15 @@ and filters (r1kit.filters) decide what the extracted text is worth.
 from __future__ import annotations
 
 import re
+from typing import Literal, get_args
 
 from r1kit.errors import RewardError
 
 # ---------------------------------------------------------------------------------------------
 # The final answer
 
-FALLBACKS = ("none", "last_number")
+Fallback = Literal["none", "last_number"]
+FALLBACKS: tuple[str, ...] = get_args(Fallback)
 
 
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")

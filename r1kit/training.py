@@ -6,7 +6,9 @@
   through.
 - `trainer_args(config_cls, ctx, **r1kit_defaults)`: the recipe's ``trainer:`` fields, passed to
   the trainer library's config unchanged, plus the fields r1kit owns (output folder, seed) and,
-  when no GPU is present, CPU-safe defaults for the fields the recipe left unset (logged).
+  when no GPU is present, CPU-safe defaults for the fields the recipe left unset (logged). The
+  whole effective config, every library default included, is written to
+  ``<stage>/trainer_config.json``.
 - `last_checkpoint(ctx)` and `MetricsLog`, a callback writing every logged figure to
   ``<stage>/metrics.jsonl`` that stays consistent across resumes.
 
@@ -19,6 +21,8 @@ import json
 import logging
 import os
 from pathlib import Path
+
+from r1kit.files import write_atomic
 
 log = logging.getLogger("r1kit")
 
@@ -94,7 +98,10 @@ def trainer_args(config_cls, ctx, **r1kit_defaults):
         fields.update(applied)
         if applied:
             log.info("%s: no GPU found; CPU defaults applied: %s", ctx.stage.name, applied)
-    return config_cls(**fields)
+    config = config_cls(**fields)
+    if ctx.is_main:  # exactly what the trainer was given, defaults included
+        write_atomic(ctx.dir / "trainer_config.json", config.to_json_string())
+    return config
 
 
 def last_checkpoint(ctx) -> str | None:
@@ -123,9 +130,7 @@ def make_metrics_log(path: Path, resume_step: int | None, is_main: bool):
         keep = []
         if resume_step is not None:
             keep = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= resume_step]
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(line + "\n" for line in keep))
-        os.replace(tmp, path)
+        write_atomic(path, "".join(line + "\n" for line in keep))
 
     class MetricsLog(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):

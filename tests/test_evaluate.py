@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from r1kit import benchmarks, metrics
 from r1kit import evaluate as ev
 from r1kit import pipeline
 from r1kit.cli import main
+from r1kit.errors import EvalError
 from r1kit.recipe import load_recipe
 from r1kit.sampling import Completion
 
@@ -34,11 +36,11 @@ from r1kit.sampling import Completion
     ],
 )
 def test_pass_at_k_is_the_unbiased_estimator(n, c, k, expected):
-    assert math.isclose(ev.pass_at_k(n, c, k), expected)
+    assert math.isclose(metrics.pass_at_k(n, c, k), expected)
 
 
 def test_majority_vote_clusters_equivalent_answers_and_breaks_ties_by_first_appearance():
-    votes = ev.majority_votes(
+    votes = metrics.majority_votes(
         [
             ["2", "0.5", "\\frac12", "2", "1/2", "3"],  # {0.5, \frac12, 1/2} outvotes {2, 2}
             ["3", "2", "2", "3"],  # tie: the cluster seen first
@@ -164,7 +166,7 @@ class ScriptedSampler:
 
 
 def addition(limit: int = 6):
-    return ev.load_benchmark("task:addition", task_args={"digits": 2, "n": 8}, limit=limit)
+    return benchmarks.load_benchmark("task:addition", task_args={"digits": 2, "n": 8}, limit=limit)
 
 
 SETTINGS = ev.Settings(samples=4, template="plain", max_tokens=16)
@@ -208,7 +210,7 @@ def test_an_interrupted_run_resumes_with_only_the_missing_problems(tmp_path, mon
 
 def test_a_folder_with_other_settings_is_refused(tmp_path):
     ev.evaluate(addition(2), tmp_path, SETTINGS, model="m", sampler=ScriptedSampler)
-    with pytest.raises(ev.EvalError, match=r"other settings \(changed: temperature\)"):
+    with pytest.raises(EvalError, match=r"other settings \(changed: temperature\)"):
         ev.evaluate(addition(2), tmp_path, ev.Settings(samples=4, template="plain", max_tokens=16, temperature=1.0), model="m", sampler=ScriptedSampler)
 
 
@@ -217,7 +219,7 @@ def test_a_folder_with_other_settings_is_refused(tmp_path):
 
 
 def test_gsm8k_reference_is_the_number_after_the_marks():
-    assert ev.gsm8k_answer("She sold 48/2 = <<48/2=24>>24 clips.\n#### 1,072") == "1072"
+    assert benchmarks.gsm8k_answer("She sold 48/2 = <<48/2=24>>24 clips.\n#### 1,072") == "1072"
 
 
 @pytest.mark.parametrize(
@@ -245,9 +247,9 @@ def test_model_or_completions_is_required(bench_file, tmp_path, capsys):
 
 
 @pytest.mark.network
-@pytest.mark.parametrize("name", list(ev.BENCHMARKS))
+@pytest.mark.parametrize("name", list(benchmarks.BENCHMARKS))
 def test_builtin_benchmarks_load(name):
-    bench = ev.load_benchmark(name)
+    bench = benchmarks.load_benchmark(name)
     assert len(bench.problems) >= 30 and all(p.problem and p.answer for p in bench.problems)
     if name == "gsm8k":
         assert all("####" not in p.answer for p in bench.problems)

@@ -54,8 +54,14 @@ def test_sft_learns_and_hands_off_to_the_next_stage(write_recipe, tiny_model, tm
 
     tok = AutoTokenizer.from_pretrained(b["model"])
     model = AutoModelForCausalLM.from_pretrained(b["model"])
-    out = model.generate(**tok("What is 12 + 34?", return_tensors="pt"), max_new_tokens=5, do_sample=False)
-    assert out.shape[1] > 0
+    prompt = tok("What is 12 + 34?", return_tensors="pt")
+    out = model.generate(**prompt, max_new_tokens=5, do_sample=False)
+    assert out.shape[1] > prompt["input_ids"].shape[1]
+    # The stage folder says exactly what TRL was given: recipe fields, r1kit's, and every default.
+    given = json.loads((tmp_path / "run" / "a" / "trainer_config.json").read_text())
+    assert given["learning_rate"] == 3.0e-3 and given["max_steps"] == 30 and given["seed"] == 42
+    assert given["output_dir"] == str(tmp_path / "run" / "a" / "checkpoints")
+    assert given["use_cpu"] is (not torch.cuda.is_available()) and "warmup_steps" in given
     metrics = [json.loads(l) for l in (tmp_path / "run" / "a" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics if "loss" in m] == [5, 10, 15, 20, 25, 30]
     run_json = json.loads((tmp_path / "run" / "run.json").read_text())

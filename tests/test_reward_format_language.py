@@ -1,6 +1,6 @@
 """Tests of the format and language_consistency rewards on literal completions."""
 
-import timeit
+import time
 
 import pytest
 
@@ -13,12 +13,20 @@ from r1kit.text import chain_of_thought
 
 
 def growth(fn, make_input, n: int) -> float:
-    """How much longer fn takes on an input 4x as long: about 4 when linear, 16 when quadratic.
+    """How much more CPU time fn takes on an input 8x as long: about 8 when linear, 64 when
+    quadratic. CPU time of this thread, best of three, so other processes on the machine do not
+    count; the threshold the tests use (22) sits at the geometric mean of the two."""
+    small, large = make_input(n), make_input(8 * n)
 
-    Both sizes run side by side in one test, best of three each, so a busy machine slows both."""
-    small, large = make_input(n), make_input(4 * n)
-    best = [min(timeit.repeat(lambda: fn(x), number=1, repeat=3)) for x in (small, large)]
-    return best[1] / best[0]
+    def cpu(x) -> float:
+        best = float("inf")
+        for _ in range(3):
+            start = time.thread_time()
+            fn(x)
+            best = min(best, time.thread_time() - start)
+        return best
+
+    return cpu(large) / max(cpu(small), 1e-6)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -84,8 +92,8 @@ def test_format_long_completions_stay_linear():
     def many_tags(n):
         return ["<answer>" * n + "</think>" * n, "<think>" + "x" * (10 * n) + "</think><answer>4</answer>"]
 
-    assert growth(format_reward, many_tags, 25_000) < 10
-    assert growth(lambda c: format_reward(c, mode="lenient"), many_tags, 25_000) < 10
+    assert growth(format_reward, many_tags, 12_500) < 22
+    assert growth(lambda c: format_reward(c, mode="lenient"), many_tags, 12_500) < 22
 
 
 def test_format_rejects_unknown_parameters():
@@ -142,7 +150,7 @@ def test_language_long_text_stays_linear():
     def text(n):
         return ["<think>" + "\\(" * (3 * n) + "word " * n + "</think>"]
 
-    assert growth(language_consistency, text, 25_000) < 10
+    assert growth(language_consistency, text, 12_500) < 22
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import importlib.util
 
-from r1kit.sampling.base import Completion, Sampler, SamplingParams
+from r1kit.sampling.base import BACKENDS, Completion, Sampler, SamplingParams
 
 __all__ = ["BACKENDS", "Completion", "Sampler", "SamplingParams", "load_sampler", "vllm_available"]
-
-
-BACKENDS = ("auto", "vllm", "transformers")
 
 
 def vllm_available() -> bool:

@@ -1,10 +1,37 @@
 """What every sampling backend takes and returns: `SamplingParams`, `Completion`, and the
-`Sampler` protocol that r1kit.sampling's backends implement."""
+`Sampler` protocol that r1kit.sampling's backends implement; and the sampling settings of the
+stages that generate (`SamplingConfig`, `EngineConfig`), declared once with the paper's defaults
+for the eval and rejection stages and the ``r1kit eval`` command line."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, get_args
+
+Backend = Literal["auto", "vllm", "transformers"]
+BACKENDS: tuple[str, ...] = get_args(Backend)
+
+
+@dataclass(kw_only=True)
+class SamplingConfig:
+    """How a stage samples; defaults are the DeepSeek-R1 paper's (arXiv:2501.12948, section 3.1)."""
+
+    temperature: float = 0.6
+    """Sampling temperature (R1: 0.6); 0 is greedy decoding."""
+    top_p: float = 0.95
+    """Nucleus sampling (R1: 0.95)."""
+    max_tokens: int = 32768
+    """Most new tokens per sample (R1: 32768); a rejection stage drops samples cut there."""
+
+
+@dataclass(kw_only=True)
+class EngineConfig:
+    """Which sampling engine a stage starts, and with what."""
+
+    backend: Backend = "auto"
+    """Sampling backend: auto takes vLLM when it is installed, else transformers."""
+    backend_options: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the backend: vllm.LLM's (gpu_memory_utilization, tensor_parallel_size, ...) or batch_size."""
 
 
 @dataclass(frozen=True)

@@ -60,19 +60,20 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from r1kit import data as data_lib
 from r1kit import reward_registry
 from r1kit import templates
 from r1kit.config import PromptStageConfig, to_dict
 from r1kit.errors import RecipeError
+from r1kit.files import append_synced, complete_lines, write_atomic
 from r1kit.filters import REASONS, FilterConfig, filter_group
+from r1kit.sampling.base import EngineConfig, SamplingConfig
 from r1kit.stages.base import StageContext, StageKind, StageResult
 
 log = logging.getLogger("r1kit")
@@ -96,7 +97,7 @@ class MixConfig:
 
 
 @dataclass(kw_only=True)
-class RejectionStage(PromptStageConfig):
+class RejectionStage(PromptStageConfig, SamplingConfig, EngineConfig):
     mode: Literal["samples", "pass_rate_filter"] = "samples"
     """samples: write SFT rows of kept samples; pass_rate_filter: write the prompts in the pass-rate band."""
     samples: int = 16
@@ -111,16 +112,6 @@ class RejectionStage(PromptStageConfig):
     """pass_rate_filter: keep prompts whose pass rate is below this."""
     id_column: str = "id"
     """Column identifying a prompt in the rows written; its row number when the column is absent."""
-    temperature: float = 0.6
-    """Sampling temperature (R1 samples its models at 0.6); the seed comes from the recipe's."""
-    top_p: float = 0.95
-    """Nucleus sampling (R1: 0.95)."""
-    max_tokens: int = 32768
-    """Most new tokens per sample (R1: 32,768); samples cut there are dropped (filters.truncated)."""
-    backend: Literal["auto", "transformers", "vllm"] = "auto"
-    """Sampling backend: auto takes vLLM when it is installed."""
-    backend_options: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments of the backend, as in an eval stage: vllm.LLM's (tensor_parallel_size, ...) or batch_size."""
     chunk_prompts: int = 64
     """Prompts per sampling call and per journal line: the most work a killed run loses."""
     filters: FilterConfig = field(default_factory=FilterConfig)
@@ -239,18 +230,11 @@ class Journal:
         self.path = path
         self.chunks: dict[int, list[dict]] = {}
         header = json.loads(json.dumps(header, default=str))  # as it reads back
-        data = path.read_bytes() if path.exists() else b""
-        end = data.rfind(b"\n") + 1  # past the last complete line
-        lines = data[:end].decode().splitlines()
+        lines = complete_lines(path)  # a kill in the middle of a write: that chunk is redone
         if lines and json.loads(lines[0])["header"] != header:
             raise RecipeError(
                 f"{path} was written with another config, model or seed; delete {path.parent} to start the stage over"
             )
-        if end < len(data):  # a kill in the middle of a write: that chunk is redone
-            log.warning("%s: dropping a partial last line (%d bytes)", path, len(data) - end)
-            with open(path, "r+b") as f:
-                f.truncate(end)
-                os.fsync(f.fileno())
         if not lines:
             self.append({"header": header})
         for line in lines[1:]:
@@ -263,18 +247,7 @@ class Journal:
 
     def append(self, record: dict) -> None:
         with open(self.path, "a") as f:
-            f.write(json.dumps(record, default=str) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-
-
-def write_atomic(path: Path, lines: list[str]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.writelines(line + "\n" for line in lines)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+            append_synced(f, json.dumps(record, default=str) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -357,8 +330,8 @@ def publish(ctx: StageContext, rows, prompts: list[dict]) -> StageResult:
     }
     per_prompt = [{"id": p["id"], "pass_rate": r, "kept": k} for p, r, k in zip(prompts, rates, kept)]
     dataset = ctx.dir / DATASET
-    write_atomic(dataset, [json.dumps(r, default=str) for r in out])
-    write_atomic(ctx.dir / STATS, [json.dumps({"mode": stage.mode, **totals, "dropped": dropped, "per_prompt": per_prompt}, indent=1)])
+    write_atomic(dataset, "".join(json.dumps(r, default=str) + "\n" for r in out))
+    write_atomic(ctx.dir / STATS, json.dumps({"mode": stage.mode, **totals, "dropped": dropped, "per_prompt": per_prompt}, indent=1) + "\n")
     log.info("%s: wrote %d rows to %s", stage.name, len(out), dataset)
     return StageResult(dataset=str(dataset), metrics=totals | {f"dropped_{k}": v for k, v in dropped.items() if v})
 
