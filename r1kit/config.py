@@ -48,7 +48,19 @@ from r1kit.templates import Prompting
 
 
 class _Loader(yaml.SafeLoader):
-    pass
+    def construct_mapping(self, node, deep=False):
+        # Plain YAML keeps the last of two equal keys without a word: a silent typo.
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *anchor` brings defaults that the mapping's own keys override
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} appears twice in one mapping", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 _Loader.add_implicit_resolver(

@@ -63,6 +63,10 @@ def _build(raw: dict, stage_registry) -> Recipe:
         seen.add(name)
         kind = s.get("kind")
         kinds = stage_registry.kinds()
+        if kind is None:
+            typo = [k for k in map(str, s) if k != "kind" and suggest(k, ["kind"])]
+            hint = f"; is {typo[0]!r} a typo of 'kind'?" if typo else ""
+            raise RecipeError(f"{name}: each stage needs a kind: one of {', '.join(kinds)}{hint}")
         if kind not in kinds:
             raise RecipeError(f"{name}.kind: unknown stage kind {kind!r}{suggest(str(kind), kinds)}; allowed: {', '.join(kinds)}")
         spec = stage_registry.get(kind)
@@ -76,6 +80,10 @@ def _build(raw: dict, stage_registry) -> Recipe:
     top["stages"] = []
     recipe = from_dict(Recipe, top, "")
     recipe.stages = stages
+    for stage in stages:
+        spec = stage_registry.get(stage.kind)
+        if spec.trainer_config is not None:
+            check_trainer_config(spec, stage, recipe)
     earlier: set[str] = set()
     for stage in stages:
         for ref_where, ref in _stage_refs(stage):
@@ -91,3 +99,16 @@ def _stage_refs(stage: StageConfig):
     data = getattr(stage, "data", None)
     if isinstance(data, DataConfig):
         yield "data.source", data.source
+
+
+def check_trainer_config(spec, stage: StageConfig, recipe: Recipe) -> None:
+    """Build the trainer library's config with exactly the fields the stage will run with, so its
+    own consistency checks (batch sizes, loss options, precision on this machine) run before
+    any compute. Nothing heavy is loaded."""
+    from r1kit.training import trainer_fields
+
+    fields, _ = trainer_fields(stage, recipe, spec.trainer_defaults(stage))
+    try:
+        spec.trainer_config()(**fields)
+    except (ValueError, TypeError) as exc:
+        raise RecipeError(f"{stage.name}.trainer: {' '.join(str(exc).split())}") from None

@@ -86,18 +86,23 @@ def resolve_model(source: str, recipe) -> str:
     return source
 
 
-def trainer_args(config_cls, ctx, **r1kit_defaults):
-    """The trainer library's config for this stage: recipe fields first, then r1kit's defaults."""
-    fields = dict(ctx.stage.trainer)
-    fields["output_dir"] = str(ctx.dir / "checkpoints")
-    fields.setdefault("seed", ctx.recipe.seed)
+def trainer_fields(stage, recipe, r1kit_defaults: dict) -> tuple[dict, dict]:
+    """The fields the trainer library's config gets for `stage`, and the CPU defaults among them:
+    recipe fields first, then the fields r1kit owns and r1kit's defaults, then (no GPU) CPU ones."""
+    fields = dict(stage.trainer)
+    fields["output_dir"] = str(Path(recipe.output_dir) / stage.name / "checkpoints")
+    fields.setdefault("seed", recipe.seed)
     for key, value in r1kit_defaults.items():
         fields.setdefault(key, value)
-    if not has_gpu():
-        applied = {k: v for k, v in CPU_DEFAULTS.items() if k not in fields}
-        fields.update(applied)
-        if applied:
-            log.info("%s: no GPU found; CPU defaults applied: %s", ctx.stage.name, applied)
+    applied = {k: v for k, v in CPU_DEFAULTS.items() if k not in fields} if not has_gpu() else {}
+    return fields | applied, applied
+
+
+def trainer_args(config_cls, ctx, **r1kit_defaults):
+    """The trainer library's config for this stage (see `trainer_fields`), recorded in the stage folder."""
+    fields, applied = trainer_fields(ctx.stage, ctx.recipe, r1kit_defaults)
+    if applied:
+        log.info("%s: no GPU found; CPU defaults applied: %s", ctx.stage.name, applied)
     config = config_cls(**fields)
     if ctx.is_main:  # exactly what the trainer was given, defaults included
         write_atomic(ctx.dir / "trainer_config.json", config.to_json_string())

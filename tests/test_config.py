@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from r1kit.cli import main
@@ -178,3 +180,24 @@ def test_apply_overrides_creates_nested_keys():
     raw = {"stages": [{"name": "rl", "kind": "grpo"}]}
     apply_overrides(raw, ["rl.trainer.beta=0.001"])
     assert raw["stages"][0]["trainer"] == {"beta": 0.001}
+
+
+def test_a_key_given_twice_is_refused(tmp_path, capsys):
+    recipe = tmp_path / "twice.yaml"
+    recipe.write_text("model: tiny\nseed: 1\nseed: 2\nstages:\n  - {name: sft, kind: sft, data: {source: task:addition}}\n")
+    assert main(["validate", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert f"{recipe}: not valid YAML at line 3" in err and "the key 'seed' appears twice" in err
+
+
+def test_a_mistyped_kind_is_named(write_recipe, capsys):
+    path = write_recipe({"model": "tiny", "stages": [{"name": "sft", "kynd": "sft", "data": {"source": "task:addition"}}]})
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "sft: each stage needs a kind: one of sft, grpo, rejection, eval; is 'kynd' a typo of 'kind'?" in err
+
+
+
+@pytest.mark.parametrize("recipe", sorted(p.name for p in (Path(__file__).parents[1] / "recipes").glob("*.yaml")))
+def test_every_shipped_recipe_validates(recipe, capsys):
+    assert main(["validate", str(Path(__file__).parents[1] / "recipes" / recipe)]) == 0, capsys.readouterr().err

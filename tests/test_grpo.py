@@ -188,3 +188,13 @@ def test_overlong_penalty_is_dapos_soft_punishment(length, expected):
 
     ids = [[0] * length]
     assert overlong_penalty(["x"], max_length=16, cache=4, completion_ids=ids) == [expected]
+
+
+def test_trainer_config_checks_run_at_validate_time(write_recipe, tiny_model, capsys, tmp_path):
+    # TRL refuses a generation batch that does not hold whole groups; validate says so first.
+    path = grpo_recipe(write_recipe, tiny_model, [{"name": "format"}], trainer={"per_device_train_batch_size": 6, "num_generations": 4})
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "rl.trainer: generation_batch_size (6) must be divisible by num_generations (4)" in err
+    assert err.count("\n") == 1 and not (tmp_path / "run").exists()
+    assert main(["run", str(path)]) == 2 and not (tmp_path / "run").exists()  # run refuses before any stage

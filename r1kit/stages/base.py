@@ -21,6 +21,8 @@ class StageKind:
     """True: every process of a distributed run runs it (training). False: only the main process."""
     check: Callable[[Any], None] | None = None
     """Checks that need more than types (reward names, templates); raises RecipeError."""
+    trainer_defaults: Callable[[Any], dict[str, Any]] = lambda stage: {}
+    """r1kit's defaults for the stage's trainer config (the paper's), under the recipe's fields."""
 
 
 @dataclass

@@ -82,7 +82,7 @@ def run(ctx: StageContext) -> StageResult:
     rewards = reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards")
     tokenizer = AutoTokenizer.from_pretrained(ctx.model, padding_side="left")
     rows = prompt_rows(ctx, tokenizer)
-    args = trainer_args(GRPOConfig, ctx, **PAPER_DEFAULTS, reward_weights=[r.weight for r in rewards])
+    args = trainer_args(GRPOConfig, ctx, **trainer_defaults(stage))
     model = AutoModelForCausalLM.from_pretrained(ctx.model, dtype="auto")
     checkpoint = last_checkpoint(ctx)
     metrics_path = ctx.dir / "metrics.jsonl"
@@ -115,4 +115,11 @@ def summarize(records: list[dict], rewards) -> dict[str, float]:
     return out
 
 
-STAGE = StageKind(config=GRPOStage, run=run, trainer_config=lambda: __import__("trl").GRPOConfig, check=check)
+def trainer_defaults(stage: GRPOStage) -> dict:
+    """The paper's GRPO settings and the recipe's reward weights."""
+    return {**PAPER_DEFAULTS, "reward_weights": [float(r.get("weight", 1.0)) for r in stage.rewards]}
+
+
+STAGE = StageKind(
+    config=GRPOStage, run=run, trainer_config=lambda: __import__("trl").GRPOConfig, check=check, trainer_defaults=trainer_defaults
+)

@@ -57,7 +57,7 @@ def run(ctx: StageContext) -> StageResult:
     from trl import SFTConfig, SFTTrainer
 
     rows = _training_rows(ctx)
-    args = trainer_args(SFTConfig, ctx, logging_steps=10)
+    args = trainer_args(SFTConfig, ctx, **DEFAULTS)
     tokenizer = AutoTokenizer.from_pretrained(ctx.model)
     model = AutoModelForCausalLM.from_pretrained(ctx.model, dtype="auto")
     checkpoint = last_checkpoint(ctx)
@@ -72,4 +72,8 @@ def run(ctx: StageContext) -> StageResult:
     return StageResult(model=out, metrics=metrics)
 
 
-STAGE = StageKind(config=SFTStage, run=run, trainer_config=lambda: __import__("trl").SFTConfig)
+DEFAULTS = {"logging_steps": 10}
+
+STAGE = StageKind(
+    config=SFTStage, run=run, trainer_config=lambda: __import__("trl").SFTConfig, trainer_defaults=lambda stage: DEFAULTS
+)
