@@ -53,7 +53,7 @@ from typing import Any, Callable
 
 from r1kit.benchmarks import Benchmark
 from r1kit.errors import EvalError
-from r1kit.files import append_synced, write_atomic
+from r1kit.files import append_synced, complete_lines, write_atomic
 from r1kit.metrics import score, summarize
 from r1kit.sampling.base import SamplingConfig
 from r1kit.templates import Prompting
@@ -120,11 +120,11 @@ def read_samples(path: Path, bench: Benchmark, k: int) -> list[dict]:
     unfinished problem are removed from the file."""
     if not path.exists():
         return []
-    data = path.read_bytes()
-    rows = [json.loads(line) for line in data[: data.rfind(b"\n") + 1].splitlines() if line.strip()]
+    lines, partial = complete_lines(path)
+    rows = [json.loads(line) for line in lines if line.strip()]
     counts = Counter(r["id"] for r in rows)
     keep = [r for r in rows if counts[r["id"]] == k]
-    partial = not data.endswith(b"\n") and len(data) > 0
+    partial = partial > 0
     if partial or len(keep) != len(rows):
         log.info("%s: dropped %d rows of unfinished problems", path, len(rows) - len(keep) + partial)
         write_atomic(path, "".join(json.dumps(r) + "\n" for r in keep))

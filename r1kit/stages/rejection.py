@@ -71,7 +71,7 @@ from r1kit import reward_registry
 from r1kit import templates
 from r1kit.config import PromptStageConfig, to_dict
 from r1kit.errors import RecipeError
-from r1kit.files import append_synced, complete_lines, write_atomic
+from r1kit.files import append_synced, complete_lines, drop_partial_line, write_atomic
 from r1kit.filters import REASONS, FilterConfig, filter_group
 from r1kit.sampling.base import EngineConfig, SamplingConfig
 from r1kit.stages.base import StageContext, StageKind, StageResult
@@ -230,11 +230,12 @@ class Journal:
         self.path = path
         self.chunks: dict[int, list[dict]] = {}
         header = json.loads(json.dumps(header, default=str))  # as it reads back
-        lines = complete_lines(path)  # a kill in the middle of a write: that chunk is redone
+        lines, partial = complete_lines(path)
         if lines and json.loads(lines[0])["header"] != header:
             raise RecipeError(
                 f"{path} was written with another config, model or seed; delete {path.parent} to start the stage over"
             )
+        drop_partial_line(path, partial)  # a kill in the middle of a write: that chunk is redone
         if not lines:
             self.append({"header": header})
         for line in lines[1:]:
