@@ -69,7 +69,7 @@ class _Defaults(argparse.HelpFormatter):
         return f"{action.help} (default: {action.default})"
 
 
-def _add_flags(parser, cls: type, names: list[str], metavars: dict[str, str] = {}) -> None:
+def _add_flags(parser, cls: type, names: list[str], metavars: dict[str, str] | None = None) -> None:
     """``--name`` flags for the fields `names` of dataclass `cls`: type, choices, default and help
     all come from the field's declaration (its annotation, default and docstring)."""
     import dataclasses
@@ -89,7 +89,7 @@ def _add_flags(parser, cls: type, names: list[str], metavars: dict[str, str] = {
             parser.add_argument(flag, choices=options, default=default, help=docs[name])
         else:
             kind = options[0] if options else tp  # `int | None` takes ints
-            parser.add_argument(flag, type=kind, default=default, metavar=metavars.get(name), help=docs[name])
+            parser.add_argument(flag, type=kind, default=default, metavar=(metavars or {}).get(name), help=docs[name])
 
 
 def _add_eval(sub) -> None:

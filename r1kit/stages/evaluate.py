@@ -14,8 +14,8 @@ and the stage's metrics carry ``<benchmark>/pass@1``, ``cons@k`` and ``pass@k`` 
 report. The model is loaded once, on the first benchmark that has problems left. The stage hands
 on no model: the next stage starts from the model this one evaluated.
 
-Not here: benchmark definitions (r1kit.benchmarks) and metrics (r1kit.metrics); evaluation spread over several
-processes (the non-main processes of a distributed run do nothing).
+Not here: benchmark definitions (r1kit.benchmarks) and metrics (r1kit.metrics); evaluation
+spread over several processes (the non-main processes of a distributed run do nothing).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from r1kit import evaluate as ev
-from r1kit.config import StageConfig
 from r1kit.benchmarks import BenchmarkFields, benchmark_name, load_benchmark
+from r1kit.config import StageConfig
 from r1kit.errors import EvalError, RecipeError
 from r1kit.sampling.base import EngineConfig
 from r1kit.stages.base import StageContext, StageKind, StageResult
