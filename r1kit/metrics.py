@@ -1,11 +1,14 @@
 """The R1 protocol's figures: per-sample verdicts, pass@1, cons@k (majority vote) and pass@k.
 
-- `score(problems, completions)`: one samples.jsonl row per completion, judged by the registered
-  ``math_accuracy`` reward (the evaluator asks the registry, as a recipe does).
+- `score(problems, completions)`: one samples.jsonl row per completion. A math problem's samples
+  are judged by the registered ``math_accuracy`` reward (the evaluator asks the registry, as a
+  recipe does); a code problem's by r1kit.judge (as the ``code_tests`` reward judges), which
+  also says why a sample failed.
 - `pass_at_k(n, c, k)`: Chen et al. (2021)'s unbiased estimator 1 - C(n-c, k) / C(n, k).
 - `majority_votes(answer_lists)`: the winning answer of each problem; answers the verifier
   judges equal form one cluster.
-- `summarize(bench, rows, k)`: every figure of a summary.json (see r1kit.evaluate).
+- `summarize(bench, rows, k)`: every figure of a summary.json (see r1kit.evaluate). cons@k is
+  a vote over answers, so it covers math problems only (None for a code benchmark).
 
 Pure functions of their inputs (the verifier aside); nothing here samples or writes.
 """
@@ -17,6 +20,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from r1kit.benchmarks import BREAKDOWNS, Benchmark, Problem
+from r1kit.sandbox import Limits
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -81,14 +85,18 @@ def summarize(bench: Benchmark, rows: list[dict], k: int) -> dict[str, Any]:
     out: dict[str, Any] = {"problems": len(scored), "unscorable": len(bench.problems) - len(scored)}
     per_problem = [sum(r["correct"] for r in s) / len(s) for _, s in scored]
     out["pass@1"] = _mean(per_problem)
-    winners = majority_votes([[r["answer"] for r in s[:k]] for _, s in scored])
-    out[f"cons@{k}"] = _mean([float(w is not None and s[w]["correct"]) for (_, s), w in zip(scored, winners)])
+    math = [s for p, s in scored if p.domain == "math"]
+    winners = majority_votes([[r["answer"] for r in s[:k]] for s in math])
+    out[f"cons@{k}"] = _mean([float(w is not None and s[w]["correct"]) for s, w in zip(math, winners)])
     for j in ks[1:]:
         out[f"pass@{j}"] = _mean([pass_at_k(len(s), sum(r["correct"] for r in s), j) for _, s in scored])
     all_rows = [r for _, s in scored for r in s]
     out["mean_tokens"] = _mean([r["tokens"] for r in all_rows if r["tokens"] is not None])
     out["truncated"] = _mean([float(r["truncated"]) for r in all_rows if r["truncated"] is not None])
-    out["no_answer"] = _mean([float(r["answer"] is None) for r in all_rows])
+    out["no_answer"] = _mean([float(r.get("reason") == "no program" if "reason" in r else r["answer"] is None) for r in all_rows])
+    reasons = Counter(r["reason"] for r in all_rows if r.get("reason"))
+    if reasons:
+        out["failures"] = dict(reasons.most_common())
     breakdown: dict[str, dict] = {}
     for g in BREAKDOWNS:
         groups: dict[str, list[float]] = defaultdict(list)
@@ -108,14 +116,24 @@ def math_verifier(fallback: str = "none"):
     return reward_registry.build("math_accuracy", {"fallback": fallback})
 
 
-def score(problems: list[Problem], completions: list[list[Any]], fallback: str = "none") -> list[dict]:
-    """samples.jsonl rows for each problem's completions (objects with text, tokens, truncated)."""
+def score(
+    problems: list[Problem], completions: list[list[Any]], fallback: str = "none", limits: Limits = Limits(wall_s=3.0, cpu_s=3.0)
+) -> list[dict]:
+    """samples.jsonl rows for each problem's completions (objects with text, tokens, truncated),
+    in order; code runs in the sandbox under `limits`."""
+    from r1kit.judge import judge
     from r1kit.text import extract_answer
 
     flat = [(p, j, c) for p, cs in zip(problems, completions) for j, c in enumerate(cs)]
-    verdicts = math_verifier(fallback)([c.text for _, _, c in flat], answer=[p.answer for p, _, _ in flat])
-    return [
-        {"id": p.id, "sample": j, "completion": c.text, "answer": extract_answer(c.text, fallback),
-         "correct": None if v is None else v == 1.0, "tokens": c.tokens, "truncated": c.truncated}
-        for (p, j, c), v in zip(flat, verdicts)
-    ]
+    math = [x for x in flat if x[0].domain == "math"]
+    code = [x for x in flat if x[0].domain == "code"]
+    verdicts = math_verifier(fallback)([c.text for _, _, c in math], answer=[p.answer for p, _, _ in math]) if math else []
+    rows = {
+        (p.id, j): {"id": p.id, "sample": j, "completion": c.text, "answer": extract_answer(c.text, fallback),
+                    "correct": None if v is None else v == 1.0, "tokens": c.tokens, "truncated": c.truncated}
+        for (p, j, c), v in zip(math, verdicts)
+    }
+    for (p, j, c), v in zip(code, judge([c.text for _, _, c in code], [p.tests for p, _, _ in code], limits=limits) if code else []):
+        rows[p.id, j] = {"id": p.id, "sample": j, "completion": c.text, "correct": v.ok if v.total else None, "reason": v.reason,
+                         "tests": [v.passed, v.total], "tokens": c.tokens, "truncated": c.truncated}
+    return [rows[p.id, j] for p, j, _ in flat]

@@ -132,9 +132,11 @@ def preflight(recipe: Recipe) -> None:
     names = {s.name for s in recipe.stages}
     for stage in recipe.stages:
         data = getattr(stage, "data", None)
-        source = getattr(data, "source", None)
-        if source and source not in names and is_local(source) and not Path(source).is_file():
-            raise RecipeError(f"{recipe.source}: {stage.name}.data.source: no such file {source!r}")
+        sources = [("data.source", data.source)] if data else []
+        sources += [(f"data.also[{i}].source", extra.source) for i, extra in enumerate(getattr(data, "also", []))]
+        for where, source in sources:
+            if source not in names and is_local(source) and not Path(source).is_file():
+                raise RecipeError(f"{recipe.source}: {stage.name}.{where}: no such file {source!r}")
     if recipe.model.startswith(PACKAGE):
         try:
             package_file(recipe.model)

@@ -99,6 +99,8 @@ def _stage_refs(stage: StageConfig):
     data = getattr(stage, "data", None)
     if isinstance(data, DataConfig):
         yield "data.source", data.source
+        for i, extra in enumerate(data.also):
+            yield f"data.also[{i}].source", extra.source
 
 
 def check_trainer_config(spec, stage: StageConfig, recipe: Recipe) -> None:

@@ -1,6 +1,7 @@
 """The run report: one markdown page and a few plots for a finished (or partly finished) run.
 
-    output_dir/report.md          stages with wall time; accuracy after each evaluated stage
+    output_dir/report.md          stages with wall time; accuracy after each evaluated stage; the
+                                  share of each grpo stage's wall time spent in its rewards
     output_dir/plots/<stage>.png  reward, per-reward accuracy and completion length over RL steps
 
 `write_report(recipe, records)` is called by `r1kit run` at the end of a run (main process only)
@@ -31,7 +32,7 @@ def accuracy_rows(records: dict[str, dict]) -> list[dict]:
     rows = []
     for name, record in records.items():
         metrics = record.get("metrics", {})
-        benches = sorted({key.split("/")[0] for key in metrics if key.endswith("/pass@1")})
+        benches = list(dict.fromkeys(key.split("/")[0] for key in metrics if key.endswith("/pass@1")))  # as listed
         for bench in benches:
             figures = {key.split("/", 1)[1]: value for key, value in metrics.items() if key.startswith(bench + "/")}
             rows.append({"eval": name, "model": _source_stage(record["input_model"], records), "benchmark": bench, **figures})
@@ -39,6 +40,8 @@ def accuracy_rows(records: dict[str, dict]) -> list[dict]:
 
 
 def _fmt(value) -> str:
+    if value is None:
+        return "-"
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
@@ -46,10 +49,22 @@ def accuracy_table(rows: list[dict]) -> str:
     if not rows:
         return "(no eval stages)"
     cons = next((k for k in rows[0] if k.startswith("cons@")), None)
-    cols = ["model", "benchmark", "pass@1"] + ([cons] if cons else []) + ["mean_tokens", "truncated"]
+    cols = ["model", "benchmark", "domain", "pass@1"] + ([cons] if cons else []) + ["mean_tokens", "truncated"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for row in rows:
         lines.append("| " + " | ".join(_fmt(row.get(c, "")) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def pass_at_1_table(rows: list[dict]) -> str:
+    """pass@1 after each evaluated stage, one column per benchmark (and so per domain)."""
+    benches = list(dict.fromkeys(f"{r['benchmark']} ({r.get('domain', '?')})" for r in rows))
+    by_eval: dict[str, dict] = {}
+    for r in rows:
+        by_eval.setdefault(r["eval"], {"model": r["model"]})[f"{r['benchmark']} ({r.get('domain', '?')})"] = r.get("pass@1")
+    lines = ["| model | " + " | ".join(benches) + " |", "|" + "---|" * (len(benches) + 1)]
+    for cells in by_eval.values():
+        lines.append("| " + " | ".join(_fmt(cells.get(c, "")) for c in ["model", *benches]) + " |")
     return "\n".join(lines)
 
 
@@ -61,6 +76,23 @@ def stage_table(recipe, records: dict[str, dict]) -> str:
     total = sum(r["wall_s"] for r in records.values())
     lines.append(f"| **total** | | {total:.1f} |")
     return "\n".join(lines)
+
+
+def reward_time_table(recipe, records: dict[str, dict]) -> str | None:
+    """Per RL stage: seconds in the reward functions (all calls), their share of the stage's wall
+    time, and the seconds of each reward; None when no stage recorded reward seconds."""
+    lines = ["| stage | reward time (s) | share of stage wall time | by reward (s) |", "|---|---|---|---|"]
+    for stage in recipe.stages:
+        record = records.get(stage.name)
+        if not record or "reward_seconds" not in record["metrics"]:
+            continue  # not an RL stage, or not run
+        metrics = record["metrics"]
+        by_reward = ", ".join(
+            f"{key.removeprefix('reward_seconds/')} {value:.2f}" for key, value in metrics.items() if key.startswith("reward_seconds/")
+        )
+        share = metrics["reward_seconds"] / record["wall_s"]
+        lines.append(f"| {stage.name} | {metrics['reward_seconds']:.2f} | {share:.1%} | {by_reward} |")
+    return "\n".join(lines) if len(lines) > 2 else None
 
 
 def plot_rl(metrics_file: Path, out: Path) -> bool:
@@ -101,7 +133,12 @@ def write_report(recipe, records: dict[str, dict]) -> Path:
     rows = accuracy_rows(records)
     parts = [f"# r1kit run report: {Path(recipe.source).name}", "", f"Run folder: `{out}` · seed {recipe.seed} · model `{recipe.model}`", ""]
     parts += ["## Accuracy after each stage", "", accuracy_table(rows), ""]
+    if len({r["benchmark"] for r in rows}) > 1:
+        parts += ["## pass@1 by benchmark", "", pass_at_1_table(rows), ""]
     parts += ["## Stages", "", stage_table(recipe, records), ""]
+    rewards = reward_time_table(recipe, records)
+    if rewards:
+        parts += ["## Reward time", "", "Seconds the reward functions took (main process), against the stage's wall time.", "", rewards, ""]
     for stage in recipe.stages:
         if stage.kind == "grpo" and plot_rl(out / stage.name / "metrics.jsonl", out / "plots" / f"{stage.name}.png"):
             parts += [f"## RL curves: {stage.name}", "", f"![{stage.name}](plots/{stage.name}.png)", ""]

@@ -26,8 +26,10 @@ What a run gets, when r1kit runs as root (Linux only):
   address space per process (RLIMIT_AS), size of any file written (RLIMIT_FSIZE), processes and
   threads (RLIMIT_NPROC), no core files;
 - a fresh working directory (also $HOME and $TMPDIR), deleted afterwards; a scrubbed
-  environment; stdin from memory; stdout and stderr read as they come, the first ``output_kb``
-  of each kept and the rest discarded, so a flooding program cannot block anything.
+  environment; stdin from memory; stdout and stderr read as they come, at most ``output_kb``
+  of each: a program that writes more is stopped there and fails with ``output_exceeded``
+  ("output limit exceeded", as programming judges say), so a flooding program neither blocks
+  anything nor passes.
 
 The interpreter's import directories (stdlib, lib-dynload, the environment's site-packages; no
 .pth files) are opened by the fork server before any uid change and reached through
@@ -94,7 +96,7 @@ class Limits:
     nproc: int = 16
     """Processes and threads the run may have at once (RLIMIT_NPROC)."""
     output_kb: int = 256
-    """KiB of stdout and of stderr kept; the rest is read and discarded."""
+    """KiB of stdout and of stderr a run may write; writing more stops it (output limit exceeded)."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,8 @@ class RunResult:
     """The program ran to its last statement within the limits."""
     timed_out: bool
     """The wall-clock limit was reached and the run killed."""
+    output_exceeded: bool
+    """The program wrote more than ``output_kb`` to stdout or stderr and was stopped."""
     returncode: int
     """Exit status; negative for a signal. Never decides ``ok``."""
     stdout: str
@@ -261,22 +265,25 @@ def _tasks_of(uid: int) -> int:
 
 
 def _read_into(fd: int, buf: bytearray, keep: int) -> bool:
-    """Read what `fd` has now, keeping at most `keep` bytes in `buf`. False at end of file."""
-    while True:
+    """Read what `fd` has now into `buf`, up to one byte more than `keep` (which tells that the
+    limit was passed). False at end of file."""
+    while len(buf) <= keep:
         try:
-            data = os.read(fd, 1 << 16)
+            data = os.read(fd, min(1 << 16, keep + 1 - len(buf)))
         except BlockingIOError:
             return True
         if not data:
             return False
-        buf += data[: max(0, keep - len(buf))]
+        buf += data
+    return True
 
 
-def _supervise(pid: int, pipes: dict[int, int], limits: Limits) -> tuple[bool, dict[int, bytearray]]:
-    """Read `pipes` (fd -> bytes to keep) until the run's main process exits or time is up.
+def _supervise(pid: int, pipes: dict[int, int], limits: Limits) -> tuple[str | None, dict[int, bytearray]]:
+    """Read `pipes` (fd -> most bytes allowed) until the run's main process exits, time is up,
+    or a pipe passes its limit.
 
-    Returns whether time ran out, and the bytes kept per pipe. Waiting for end of file instead
-    would hang on any child process that still holds a pipe open.
+    Returns why the run was stopped ("time", "output"; None when it exited) and the bytes read
+    per pipe. Waiting for end of file instead would hang on any child that still holds a pipe open.
     """
     bufs = {fd: bytearray() for fd in pipes}
     pidfd = os.pidfd_open(pid)  # readable once the process has exited; does not reap it
@@ -290,14 +297,17 @@ def _supervise(pid: int, pipes: dict[int, int], limits: Limits) -> tuple[bool, d
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                return True, bufs
+                return "time", bufs
             for fd, _ in poller.poll(left * 1000 + 1):
                 if fd == pidfd:
                     for pipe, keep in pipes.items():
                         _read_into(pipe, bufs[pipe], keep)
-                    return False, bufs
+                    stopped = any(len(bufs[p]) > keep for p, keep in pipes.items())
+                    return ("output" if stopped else None), bufs
                 if not _read_into(fd, bufs[fd], pipes[fd]):
                     poller.unregister(fd)
+                if len(bufs[fd]) > pipes[fd]:
+                    return "output", bufs
     finally:
         os.close(pidfd)
 
@@ -326,7 +336,7 @@ def _run(server: _ForkServer, workdir: str, uid: int, stdin: str, limits: Limits
     keep = limits.output_kb * 1024
     cleaned = False
     try:
-        timed_out, bufs = _supervise(pid, {out_r: keep, err_r: keep, marker_r: _MARKER_KEEP}, limits)
+        stopped, bufs = _supervise(pid, {out_r: keep, err_r: keep, marker_r: _MARKER_KEEP}, limits)
         marker = bytes(bufs[marker_r])
         cleaned = nonce + b"C" in marker
     finally:
@@ -340,11 +350,12 @@ def _run(server: _ForkServer, workdir: str, uid: int, stdin: str, limits: Limits
         error = marker.split(nonce + b"E", 1)[1].decode(errors="replace")
         raise SandboxError(f"sandbox setup failed in the run's process: {error}")
     return RunResult(
-        ok=not timed_out and nonce + b"P" in marker,
-        timed_out=timed_out,
+        ok=stopped is None and nonce + b"P" in marker,
+        timed_out=stopped == "time",
+        output_exceeded=stopped == "output",
         returncode=returncode,
-        stdout=bufs[out_r].decode(errors="replace"),
-        stderr=bufs[err_r].decode(errors="replace"),
+        stdout=bufs[out_r][:keep].decode(errors="replace"),
+        stderr=bufs[err_r][:keep].decode(errors="replace"),
         wall_s=time.monotonic() - start,
     )
 

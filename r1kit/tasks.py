@@ -1,15 +1,20 @@
 """Synthetic reasoning tasks that r1kit generates offline, for tests and CPU demos.
 
 A recipe uses one as a data source: ``data: {source: "task:addition", split: test, task: {digits: 3}}``.
-Rows carry ``id``, ``prompt``, ``answer`` (for verifiers), a worked ``completion`` in the R1 format
-(``<think> … </think> <answer> … </answer>``) and the same as ``messages``, so one task feeds SFT,
-GRPO, rejection sampling and evaluation alike.
+Rows carry ``id``, ``prompt``, a worked ``completion`` in the R1 format (``<think> … </think>
+<answer> … </answer>``), the same as ``messages``, the domain in ``task`` (``math`` or ``code``, for
+routing rewards with ``when: {task: ...}``) and what the verifiers read: ``answer`` for math
+(math_accuracy), ``tests`` for code (code_tests). One task feeds SFT, GRPO, rejection sampling and
+evaluation alike.
 
-`addition`: multi-digit addition, with a chain of thought that adds column by column with carries.
-`chain`: the sum of several one-digit numbers, with a running-sum chain of thought.
+Math: `addition`: multi-digit addition, with a chain of thought that adds column by column with
+carries. `chain`: the sum of several one-digit numbers, with a running-sum chain of thought.
 `last_digit`: the last digit of a left-to-right chain of `+` and `*` on one-digit numbers (the
 demo's task: one step at a time it is easy, in one go it is not).
-Each takes `direct`, the share of demonstrations that answer with an empty chain of thought.
+Code: `functions`: write ``f(x) = (a*x+b) % 10`` from two of its values; the tests also check it
+at points the prompt does not show.
+`mix`: several tasks in one shuffled dataset, ``{last_digit: {n: 1000}, functions: {n: 500}}``.
+Each task takes `direct`, the share of demonstrations that answer with an empty chain of thought.
 The split is a pure function of the problem (a hash), so train and test never share a problem,
 whatever `n` and `seed` are.
 
@@ -26,12 +31,15 @@ def _is_test(key: str) -> bool:
     return int(hashlib.sha256(key.encode()).hexdigest(), 16) % 5 == 0
 
 
-def _rows(name: str, variant: int, draw, n: int, split: str, seed: int, direct: float, space: str) -> list[dict]:
+def _rows(
+    name: str, variant: int, draw, n: int, split: str, seed: int, direct: float, space: str, tests=None
+) -> list[dict]:
     """`n` distinct problems of task `name` from `split`; `draw(rng)` gives one as (key, prompt,
     working, answer).
 
     The key decides the split; `direct` is the share of demonstrations with an empty chain of
-    thought; `space` names the problems for the error when `n` is more than there are."""
+    thought; `space` names the problems for the error when `n` is more than there are. A code
+    task gives `tests(key)`: its rows carry those tests, and the answer is the program."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be train or test, got {split!r}")
     if not 0.0 <= direct <= 1.0:
@@ -49,11 +57,14 @@ def _rows(name: str, variant: int, draw, n: int, split: str, seed: int, direct: 
         if direct and rng.random() < direct:
             working = ""
         completion = f"<think>{' ' + working if working else ''} </think> <answer> {answer} </answer>"
+        # Every row has both verifier columns (None where they do not apply), so that mixed tasks
+        # make one table whatever row comes first.
+        checks = {"task": "math", "answer": str(answer), "tests": None} if tests is None else {"task": "code", "answer": None, "tests": tests(key)}
         rows.append(
             {
                 "id": f"{name}-{split}-{len(rows)}",
                 "prompt": prompt,
-                "answer": str(answer),
+                **checks,
                 "completion": completion,
                 "messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}],
             }
@@ -132,7 +143,49 @@ def last_digit(
     return _rows("last_digit", terms, draw, n, split, seed, direct, f"{terms}-term chains")
 
 
-TASKS = {"addition": addition, "chain": chain, "last_digit": last_digit}
+def functions(n: int = 1000, split: str = "train", seed: int = 0, direct: float = 0.0) -> list[dict]:
+    """`n` problems "write f(x) = (a*x + b) % 10 from f(x1) and f(x1 + 1)", a in 1-9, b in 0-9, x1 in 0-99.
+
+    ``Write f(x) = (a*x+b) % 10 with f(23) == 7 and f(24) == 2.`` → ``<think> 12-7=5 , 5*3=15 ,
+    17-5=12 </think> <answer> def f(x): return (5*x+2)%10 </answer>``: a is the last digit of
+    f(x1 + 1) - f(x1) (plus 10), b that of f(x1) - a * (the last digit of x1). Each step is a
+    fact on digits of the kind `last_digit` practises; the program in one go needs all three. The
+    tests assert the two given values and f at three points the prompt does not show.
+    9,000 problems in all, a fifth of them in the test split. `direct` is as in `chain`.
+    """
+
+    def draw(rng):
+        a, b, x = rng.randint(1, 9), rng.randint(0, 9), rng.randint(0, 99)
+        y1, y2, p = (a * x + b) % 10, (a * x + a + b) % 10, a * (x % 10)
+        # a and b are last digits of what each step gives, as the values of `last_digit` are.
+        working = f"1{y2}-{y1}={10 + y2 - y1} , {a}*{x % 10}={p} , 1{y1}-{p % 10}={10 + y1 - p % 10}"
+        prompt = f"Write f(x) = (a*x+b) % 10 with f({x}) == {y1} and f({x + 1}) == {y2}."
+        return f"{a},{b},{x}", prompt, working, f"def f(x): return ({a}*x+{b})%10"
+
+    def tests(key: str) -> str:
+        a, b, x = map(int, key.split(","))
+        # Three points the prompt does not show: a program that only knows the two values fails.
+        return "".join(f"assert f({v}) == {(a * v + b) % 10}\n" for v in (x, x + 1, x + 2, x + 3, x + 7))
+
+    return _rows("functions", 1, draw, n, split, seed, direct, "functions", tests)
+
+
+def mix(split: str = "train", seed: int = 0, **parts: dict) -> list[dict]:
+    """The rows of several tasks, shuffled together: ``mix(last_digit={"n": 100}, functions={"n": 50})``."""
+    if not parts or "mix" in parts:
+        raise ValueError("mix takes the tasks to mix and their arguments, e.g. {last_digit: {n: 100}, functions: {n: 50}}")
+    rows = []
+    for name, args in parts.items():
+        if name not in TASKS:
+            raise ValueError(f"unknown task {name!r} to mix; tasks: {', '.join(t for t in TASKS if t != 'mix')}")
+        if not isinstance(args, dict):
+            raise ValueError(f"the arguments of {name} are a mapping, e.g. {{n: 100}}; got {args!r}")
+        rows += TASKS[name](split=split, **{"seed": seed, **args})
+    random.Random(f"mix-{split}-{seed}").shuffle(rows)
+    return rows
+
+
+TASKS = {"addition": addition, "chain": chain, "last_digit": last_digit, "functions": functions, "mix": mix}
 
 
 def generate(name: str, split: str, args: dict) -> list[dict]:

@@ -23,18 +23,29 @@ Parameters:
   since rewarding it would teach a model without a prefilled prompt to drop the tag.
 - ``answer_format="tags"`` requires ``<answer>…</answer>`` after ``</think>``; ``"boxed"``
   instead requires a complete ``\\boxed{…}`` after ``</think>`` (the template of models that
-  answer in LaTeX); in strict mode the text after ``</think>`` holds that box and no tag.
+  answer in LaTeX); ``"code"`` a complete fenced code block (```` ``` ````…```` ``` ````) after
+  ``</think>`` (code answers); in strict mode the text after ``</think>`` holds that box or block
+  and no tag.
 
 It checks layout only, not whether the answer is right (that is ``math_accuracy``).
 """
 
 from __future__ import annotations
 
+import re
+
 from r1kit.errors import RewardError
 from r1kit.text import last_boxed
 
+_FENCED = re.compile(r"```[^\n`]*\n.*?```", re.DOTALL)
+
+
+def _answered(after: str, answer: str) -> bool:
+    """The text after </think> holds the box or the code block of `answer` ("boxed", "code")."""
+    return last_boxed(after) is not None if answer == "boxed" else _FENCED.search(after) is not None
+
 MODES = ("strict", "lenient")
-ANSWERS = ("tags", "boxed")
+ANSWERS = ("tags", "boxed", "code")
 _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 
 
@@ -46,8 +57,8 @@ def _strict(text: str, answer: str) -> bool:
     think, closed, after = rest.partition("</think>")
     if not closed or before.strip() or not think.strip():
         return False
-    if answer == "boxed":
-        return "<answer>" not in text and "</answer>" not in text and last_boxed(after) is not None
+    if answer != "tags":
+        return "<answer>" not in text and "</answer>" not in text and _answered(after, answer)
     if any(text.count(tag) != 1 for tag in _TAGS[2:]):
         return False
     head, _, rest = after.partition("<answer>")
@@ -61,8 +72,8 @@ def _lenient(text: str, answer: str) -> bool:
     if end < 0:
         return False
     rest = text[end + len("</think>") :]
-    if answer == "boxed":
-        return last_boxed(rest) is not None
+    if answer != "tags":
+        return _answered(rest, answer)
     opened = rest.find("<answer>")
     return opened >= 0 and rest.find("</answer>", opened + len("<answer>")) >= 0
 
@@ -79,7 +90,8 @@ def format_reward(
 
     `mode` is "strict" (nothing else around the two blocks) or "lenient" (both blocks, in
     order, anywhere); `prefilled_think` says the prompt already opened ``<think>``; `answer_format` is
-    "tags" (``<answer>…</answer>``) or "boxed" (``\\boxed{…}`` after ``</think>``).
+    "tags" (``<answer>…</answer>``), "boxed" (``\\boxed{…}`` after ``</think>``) or "code" (a
+    fenced code block after ``</think>``).
     """
     if mode not in MODES:
         raise RewardError(f"format: mode must be one of {MODES}, got {mode!r}")

@@ -129,6 +129,16 @@ def test_answer_fallback_last_number_scores_unformatted_answers(bench_file, tmp_
         ([{"id": "p1", "completion": "\\boxed{25}"}, {"id": "p9", "completion": "x"}, {"id": "p7", "completion": "x"}], "2 ids are not in benchmark bench: p7, p9"),
         ([{"id": "p1", "completion": "\\boxed{25}"}], "2 of 3 problems of bench have no completions: p2, p3"),
         ([{"id": "p1", "text": "\\boxed{25}"}], "row 1 needs an 'id' and a string 'completion'"),
+        (
+            [{"id": p, "completion": "x"} for p in ("p1", "p1", "p2", "p2", "p3")],
+            "problems have different numbers of samples (1, 2); e.g. 'p3' has 1 where most have 2; give every problem the same k",
+        ),
+        (
+            [{"id": p, "sample": 0, "completion": "x"} for p in ("p1", "p2", "p3", "p3")],
+            "row 4: sample 0 of id 'p3' appears twice",
+        ),
+        ([{"id": "p1", "completion": "x", "tokens": "12"}], "row 1: tokens must be a whole number of tokens or null, got '12'"),
+        ([{"id": "p1", "completion": "x", "truncated": "no"}], "row 1: truncated must be true, false or null, got 'no'"),
     ],
 )
 def test_bad_completions_are_one_line_errors(bench_file, tmp_path, capsys, rows, expected):
@@ -136,6 +146,17 @@ def test_bad_completions_are_one_line_errors(bench_file, tmp_path, capsys, rows,
     assert main(["eval", "--benchmark", str(bench_file), "--completions", str(gen), "--output", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert expected in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()  # nothing half-written
+
+
+def test_a_model_that_cannot_load_leaves_the_folder_unclaimed(bench_file, tmp_path, capsys):
+    out = tmp_path / "o"
+    missing = tmp_path / "no_such_model"
+    assert main(["eval", "--benchmark", str(bench_file), "--model", str(missing), "--output", str(out)]) != 0
+    capsys.readouterr()
+    assert not (out / "settings.json").exists()
+    ev.evaluate(addition(2), out, SETTINGS, model="m", sampler=ScriptedSampler)  # the corrected command is not refused
+    assert (out / "settings.json").exists()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,7 +246,7 @@ def test_gsm8k_reference_is_the_number_after_the_marks():
 @pytest.mark.parametrize(
     "argv, expected",
     [
-        (["--benchmark", "aime2024"], "unknown benchmark 'aime2024'; use one of aime24, aime25, math500, amc23, gsm8k, task:NAME"),
+        (["--benchmark", "aime2024"], "unknown benchmark 'aime2024'; use one of aime24, aime25, math500, amc23, gsm8k, humaneval, mbpp, livecodebench, task:NAME"),
         (["--benchmark", "{bench}", "--samples", "0"], "samples must be at least 1, got 0"),
         (["--benchmark", "{bench}", "--answer-field", "solution"], "{bench}: row 1 has no field 'solution'"),
         (["--benchmark", "{bench}", "--template", "Q:"], "unknown template 'Q:'"),
@@ -304,7 +325,7 @@ def test_eval_stages_around_training_report_per_stage(write_recipe, tiny_model, 
     assert records["sft"]["input_model"] == str(tiny_model)  # an eval stage hands on the model it evaluated
     assert records["after"]["input_model"] == records["sft"]["model"]
     before, after = records["before"]["metrics"], records["after"]["metrics"]
-    assert set(after) == {f"addition/{k}" for k in ("pass@1", "cons@4", "pass@4", "mean_tokens", "truncated")}
+    assert set(after) == {f"addition/{k}" for k in ("pass@1", "cons@4", "pass@4", "mean_tokens", "truncated", "domain")}
     # Each eval stage measured its own model: the trained one finishes answers the random one does not.
     assert after["addition/truncated"] < before["addition/truncated"]
     for stage in ("before", "after"):

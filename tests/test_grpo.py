@@ -1,9 +1,11 @@
 """The grpo stage on the tiny model: it learns a verifiable task, the loss variants run, dynamic
-sampling keeps zero-signal groups out of the loss, and the shipped GRPO recipes validate."""
+sampling keeps zero-signal groups out of the loss, reward time is logged and reported, and the
+shipped GRPO recipes validate."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -119,6 +121,37 @@ def test_dynamic_sampling_keeps_zero_signal_groups_out_of_the_loss(write_recipe,
     logged = [m for m in metrics(tmp_path / "run") if "dynamic_sampling/dropped_groups" in m]
     assert sum(m["dynamic_sampling/dropped_groups"] for m in logged) > 0
     assert all(m["dynamic_sampling/unfilled_groups"] == 0 for m in logged)
+
+
+SLEEP_S = 0.2
+
+
+def slow(completions, **columns):
+    """Zero for every completion, after SLEEP_S seconds: a verifier slower than the model."""
+    time.sleep(SLEEP_S)
+    return [0.0] * len(completions)
+
+
+def test_reward_seconds_are_logged_per_step_and_reported(write_recipe, tiny_model, tmp_path):
+    # Two generation batches per optimizer step: a step's figure sums both calls of each reward.
+    trainer = {"per_device_train_batch_size": 8, "num_generations": 4, "max_completion_length": 16,
+               "gradient_accumulation_steps": 2, "steps_per_generation": 1}
+    path = grpo_recipe(write_recipe, tiny_model, [{"name": f"{__name__}:slow"}, {"name": "format"}], trainer=trainer)
+    assert main(["run", str(path)]) == 0
+    slow_key = "reward_seconds/" + f"{__name__}:slow".replace(":", "_").replace(".", "_")
+    steps = [m for m in metrics(tmp_path / "run") if "loss" in m]
+    assert len(steps) == 2
+    for m in steps:
+        assert m[slow_key] >= 2 * SLEEP_S
+        assert m["reward_seconds/format"] < m[slow_key]
+    done = json.loads((tmp_path / "run" / "rl" / "DONE.json").read_text())
+    totals = done["metrics"]
+    assert totals[slow_key] == pytest.approx(sum(m[slow_key] for m in steps))  # logging_steps 1: the total
+    assert totals["reward_seconds"] == pytest.approx(totals[slow_key] + totals["reward_seconds/format"])
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "| stage | reward time (s) | share of stage wall time | by reward (s) |" in report
+    share = f"| rl | {totals['reward_seconds']:.2f} | {totals['reward_seconds'] / done['wall_s']:.1%} |"
+    assert share in report and f"{slow_key.removeprefix('reward_seconds/')} {totals[slow_key]:.2f}" in report
 
 
 def test_merge_rows_repads_each_side():

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from r1kit import reward_registry as rewards
-from r1kit.rewards.code import code_tests, extract_program, normalise_output
+from r1kit.judge import extract_program, normalise_output
+from r1kit.rewards.code import code_tests
 
 # A HumanEval-style sample: tests define check(candidate), the entry point names the function.
 TESTS = "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n"

@@ -140,13 +140,18 @@ def test_stdin_and_parallel_runs_in_order():
 # ---- limits and hostile programs ----------------------------------------------------------------
 
 
-def test_output_is_bounded_and_a_flood_cannot_block():
-    limits = Limits(wall_s=1.5, cpu_s=600, output_kb=64)
-    flood = run("while True:\n    print('x' * 10000)\n", limits=limits)
-    assert flood.timed_out and not flood.ok and len(flood.stdout) == 64 * 1024
-    roomy = Limits(wall_s=60, cpu_s=60, output_kb=64)
-    big = run("import sys\nsys.stdout.write('y' * 10_000_000)\nsys.stderr.write('z' * 10_000_000)\n", limits=roomy)
-    assert big.ok and len(big.stdout) == len(big.stderr) == 64 * 1024
+def test_output_beyond_the_bound_stops_the_run_and_fails_it():
+    # A judge's "output limit exceeded": stopped at once (the wall limit is far away), not passed.
+    roomy = Limits(wall_s=600, cpu_s=600, output_kb=64)
+    flood = run("while True:\n    print('x' * 10000)\n", limits=roomy)
+    assert flood.output_exceeded and not flood.ok and not flood.timed_out and len(flood.stdout) == 64 * 1024
+    big = run("import sys\nsys.stderr.write('z' * 10_000_000)\nprint('end')\n", limits=roomy)
+    assert big.output_exceeded and not big.ok and "end" not in big.stdout
+    # Exactly at the bound is within it; a child process that floods counts as the run's output.
+    exact = run("import sys\nsys.stdout.write('y' * 65536)\n", limits=roomy)
+    assert exact.ok and not exact.output_exceeded and len(exact.stdout) == 65536
+    child = run("import os, sys\nif os.fork() == 0:\n    sys.stdout.write('c' * 10**6)\n    os._exit(0)\nos.wait()\n", limits=roomy)
+    assert child.output_exceeded and not child.ok
 
 
 def test_memory_bomb_fails_with_memory_error():

@@ -6,7 +6,9 @@ import re
 
 import pytest
 
-from r1kit.tasks import addition, chain, generate, last_digit
+from r1kit.judge import Tests as UnitTests
+from r1kit.judge import judge
+from r1kit.tasks import addition, chain, functions, generate, last_digit, mix
 
 
 def _left_to_right(expr: str) -> int:
@@ -39,7 +41,43 @@ def test_last_digit_answers_and_working():
     assert {"+", "*"} <= set("".join(r["prompt"] for r in rows))
 
 
+def test_functions_demonstrations_pass_their_tests_and_the_working_is_right():
+    rows = functions(400)
+    assert all(v.ok for v in judge([r["completion"] for r in rows], [UnitTests(tests=r["tests"]) for r in rows]))
+    for r in rows[:100]:
+        x1, y1, x2, y2 = map(int, re.findall(r"f\((\d+)\) == (\d+)", r["prompt"])[0] + re.findall(r"f\((\d+)\) == (\d+)", r["prompt"])[1])
+        assert x2 == x1 + 1 and r["task"] == "code" and r["answer"] is None
+        a, b = map(int, re.search(r"return \((\d)\*x\+(\d)\)%10", r["completion"]).groups())
+        assert ((a * x1 + b) % 10, (a * x2 + b) % 10) == (y1, y2)
+        for step in re.search(r"<think> (.*) </think>", r["completion"]).group(1).split(" , "):
+            left, result = step.split("=")
+            assert eval(left) == int(result)
+        # The tests check f beyond the two values the prompt shows: a program that only
+        # returns those fails.
+        lookup = f"def f(x): return {{{x1}: {y1}, {x2}: {y2}}}.get(x, 0)"
+        assert not judge([lookup], [UnitTests(tests=r["tests"])])[0].ok
+    wrong = [r["completion"].replace("return (", "return 1+(") for r in rows[:20]]  # off by one
+    assert not any(v.ok for v in judge(wrong, [UnitTests(tests=r["tests"]) for r in rows[:20]]))
+
+
+def test_mix_shuffles_tasks_into_one_table_with_both_verifier_columns():
+    rows = mix(last_digit={"n": 30, "terms": 4}, functions={"n": 20, "direct": 0.5}, split="test")
+    assert len(rows) == 50 and {r["task"] for r in rows} == {"math", "code"}
+    assert all(set(r) == {"id", "prompt", "task", "answer", "tests", "completion", "messages"} for r in rows)
+    assert [r["task"] for r in rows[:10]] != ["math"] * 10  # shuffled, not one task after the other
+    assert rows == mix(last_digit={"n": 30, "terms": 4}, functions={"n": 20, "direct": 0.5}, split="test")
+    assert {r["id"] for r in rows if r["task"] == "code"} == {r["id"] for r in functions(20, split="test", direct=0.5)}
+    from r1kit.errors import DataError
+
+    with pytest.raises(DataError, match="task:mix: unknown task 'lastdigit' to mix; tasks: addition, chain, last_digit, functions"):
+        generate("mix", "train", {"lastdigit": {"n": 3}})
+    with pytest.raises(DataError, match="task:mix: the arguments of functions are a mapping"):
+        generate("mix", "train", {"functions": 3})
+
+
 def test_splits_are_disjoint_and_deterministic():
+    code_train = {r["prompt"] for r in functions(3000, split="train")}
+    assert not code_train & {r["prompt"] for r in functions(1000, split="test")}
     for make in (last_digit, chain):
         train = {r["prompt"] for r in make(2000, terms=4, split="train")}
         test = {r["prompt"] for r in make(200, terms=4, split="test")}
@@ -47,13 +85,14 @@ def test_splits_are_disjoint_and_deterministic():
         assert [r["prompt"] for r in make(50, split="test")] == [r["prompt"] for r in make(50, split="test")]
 
 
-@pytest.mark.parametrize("make", [last_digit, chain, addition])
+@pytest.mark.parametrize("make", [last_digit, chain, addition, functions])
 def test_direct_share_of_demonstrations(make):
     rows = make(1000, direct=0.4, **({"terms": 4} if make is chain else {}))
     empty = sum(r["completion"].startswith("<think> </think> <answer>") for r in rows)
     assert 340 <= empty <= 460
     # The answer is the same whichever way the demonstration goes.
-    assert all(r["completion"].endswith(f"<answer> {r['answer']} </answer>") for r in rows)
+    if make is not functions:
+        assert all(r["completion"].endswith(f"<answer> {r['answer']} </answer>") for r in rows)
     assert not any(r["completion"].startswith("<think> </think>") for r in make(200))
 
 
@@ -62,5 +101,5 @@ def test_bad_arguments_are_one_line_errors():
 
     with pytest.raises(DataError, match=r"task:last_digit: direct must be between 0 and 1, got 1.5"):
         generate("last_digit", "train", {"direct": 1.5})
-    with pytest.raises(DataError, match="unknown task; tasks: addition, chain, last_digit"):
+    with pytest.raises(DataError, match="unknown task; tasks: addition, chain, last_digit, functions, mix"):
         generate("countdown", "train", {})

@@ -16,10 +16,18 @@ Sampling knows nothing about training: it loads a model folder or hub id and gen
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
+
+from r1kit.errors import RecipeError
 
 from r1kit.sampling.base import BACKENDS, Completion, Sampler, SamplingParams
 
 __all__ = ["BACKENDS", "Completion", "Sampler", "SamplingParams", "load_sampler", "vllm_available"]
+
+
+def _looks_local(model: str) -> bool:
+    """A path rather than a hub id (``org/name``): absolute, relative with dots, or deeper."""
+    return model.startswith(("/", "./", "../", "~")) or model.count("/") > 1
 
 
 def vllm_available() -> bool:
@@ -30,6 +38,8 @@ def load_sampler(model: str, backend: str = "auto", **options) -> Sampler:
     """A sampler for `model` (folder or hub id) on `backend` (auto, vllm, transformers)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if _looks_local(model) and not Path(model).expanduser().is_dir():
+        raise RecipeError(f"{model}: no such model folder")
     if backend == "auto":
         backend = "vllm" if vllm_available() else "transformers"
     if backend == "vllm":

@@ -2,7 +2,8 @@
 
     - name: eval
       kind: eval
-      benchmarks: [aime24, math500, task:addition, data/my_bench.jsonl]
+      benchmarks: [aime24, math500, livecodebench, humaneval, task:addition, data/my_bench.jsonl]
+      since: "2024-08-01"             # dated problems only (livecodebench): a window after the model's data
       samples: 16                     # k per problem; the paper uses up to 64 (AIME)
       max_tokens: 32768
       template: r1_zero               # as the grpo stage's default, so a trained model sees its prompt
@@ -10,8 +11,10 @@
 Each benchmark is evaluated by `r1kit.evaluate.evaluate` (the code behind ``r1kit eval``) into
 ``<stage>/<benchmark>/`` (settings.json, samples.jsonl, summary.json); an interrupted stage
 resumes problem by problem. ``<stage>/results.md`` holds one markdown table of all benchmarks,
-and the stage's metrics carry ``<benchmark>/pass@1``, ``cons@k`` and ``pass@k`` for the run
-report. The model is loaded once, on the first benchmark that has problems left. The stage hands
+and the stage's metrics carry ``<benchmark>/pass@1``, ``cons@k`` (math) and ``pass@k`` for the
+run report. ``task:`` arguments apply to every task benchmark, or per task when its keys name
+the stage's task benchmarks: ``task: {last_digit: {n: 200}, functions: {n: 150}}``.
+The model is loaded once, on the first benchmark that has problems left. The stage hands
 on no model: the next stage starts from the model this one evaluated.
 
 Not here: benchmark definitions (r1kit.benchmarks) and metrics (r1kit.metrics); evaluation
@@ -29,7 +32,7 @@ from typing import Any
 from r1kit import evaluate as ev
 from r1kit.benchmarks import BenchmarkFields, benchmark_name, load_benchmark
 from r1kit.config import StageConfig
-from r1kit.errors import EvalError, RecipeError
+from r1kit.errors import EvalError, RecipeError, suggest
 from r1kit.sampling.base import EngineConfig
 from r1kit.stages.base import StageContext, StageKind, StageResult
 
@@ -39,9 +42,18 @@ log = logging.getLogger("r1kit")
 @dataclass(kw_only=True)
 class EvalStage(StageConfig, ev.Protocol, EngineConfig, BenchmarkFields):
     benchmarks: list[str]
-    """Built-in names (aime24, aime25, math500, amc23, gsm8k), task:NAME, or .jsonl/.json/.parquet files."""
+    """Built-in names (math: aime24, aime25, math500, amc23, gsm8k; code: humaneval, mbpp,
+    livecodebench), task:NAME, or .jsonl/.json/.parquet files."""
     task: dict[str, Any] = field(default_factory=dict)
-    """Arguments of task:NAME benchmarks (see r1kit.tasks)."""
+    """Arguments of task:NAME benchmarks (see r1kit.tasks), for all of them or keyed by task name."""
+
+
+def task_args(stage: EvalStage, source: str) -> dict:
+    """The task arguments of benchmark `source` (see the module docstring)."""
+    tasks = {b[5:] for b in stage.benchmarks if b.startswith("task:")}
+    if stage.task and set(stage.task) <= tasks:
+        return stage.task.get(source[5:], {})
+    return stage.task
 
 
 def settings(stage: EvalStage, seed: int) -> ev.Settings:
@@ -61,6 +73,11 @@ def check(stage: EvalStage) -> None:
             names.append(benchmark_name(source))
         except EvalError as exc:
             raise RecipeError(f"{stage.name}.benchmarks[{i}]: {exc}") from None
+        if source.startswith("task:"):
+            from r1kit.tasks import TASKS
+
+            if names[-1] not in TASKS:
+                raise RecipeError(f"{stage.name}.benchmarks[{i}]: unknown task {names[-1]!r}{suggest(names[-1], list(TASKS))}; tasks: {', '.join(TASKS)}")
         if names.count(names[-1]) > 1:
             raise RecipeError(f"{stage.name}.benchmarks[{i}]: a second benchmark named {names[-1]!r} (each gets the folder <stage>/<name>)")
 
@@ -80,7 +97,9 @@ def run(ctx: StageContext) -> StageResult:
             problem_field=stage.problem_field,
             answer_field=stage.answer_field,
             limit=stage.limit,
-            task_args=stage.task,
+            since=stage.since,
+            until=stage.until,
+            task_args=task_args(stage, source),
             seed=ctx.recipe.seed,
         )
         summary = ev.evaluate(bench, ctx.dir / bench.name, settings(stage, ctx.recipe.seed), model=ctx.model, sampler=sampler)
@@ -88,6 +107,7 @@ def run(ctx: StageContext) -> StageResult:
         k = stage.samples
         for key in ("pass@1", f"cons@{k}", f"pass@{k}", "mean_tokens", "truncated"):
             metrics[f"{bench.name}/{key}"] = summary[key]
+        metrics[f"{bench.name}/domain"] = summary["domain"]
     text = ev.table(summaries, [stage.name] * len(summaries))
     (ctx.dir / "results.md").write_text(f"# {stage.name}: {ctx.model}\n\n{text}")
     log.info("%s results:\n%s", stage.name, text)

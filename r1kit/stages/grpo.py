@@ -15,6 +15,17 @@ Rewards come from the reward registry (r1kit.reward_registry) and map onto TRL's
 (rewards, completion lengths and clipped share, zero-std group share, entropy, KL) also lands in
 ``<stage>/metrics.jsonl``.
 
+What the rewards cost: each reward function call is timed (wall clock, on each process for its
+own share of the batch; the main process's figures are the ones logged). ``reward_seconds/<name>``
+in the logs is the seconds a reward took *per optimizer step*: summed over every call within the
+step (one per generation batch, so several when ``steps_per_generation`` is below
+``gradient_accumulation_steps``, plus each dynamic-sampling refill round; none in a step that
+reuses an earlier generation), then averaged over the steps of the logging window like TRL's
+``step_time``, which it can be read against. The totals over all calls go to the stage's metrics
+as ``reward_seconds`` (all rewards) and ``reward_seconds/<name>``; the report sets them against
+the stage's wall time (a resumed stage counts both from the resume). TRL's own reward timer
+reports only to W&B, MLflow and Trackio, not to the trainer's logs.
+
 Defaults follow the DeepSeek-R1 paper rather than TRL: ``loss_type: grpo`` and ``beta: 0.001``
 (a reference model, KL by the k3 estimator). The DAPO and Dr. GRPO variants are opt-in through
 ``loss_type`` / ``beta`` / ``epsilon_high`` / ``scale_rewards`` and ``dynamic_sampling`` (see the
@@ -26,8 +37,10 @@ Not here: the reward functions themselves (rewards/), or any loss of r1kit's own
 
 from __future__ import annotations
 
+import functools
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from r1kit import data as data_lib
 from r1kit import reward_registry
@@ -86,9 +99,10 @@ def run(ctx: StageContext) -> StageResult:
     model = AutoModelForCausalLM.from_pretrained(ctx.model, dtype="auto")
     checkpoint = last_checkpoint(ctx)
     metrics_path = ctx.dir / "metrics.jsonl"
+    clock = RewardClock()
     kwargs = dict(
         model=model,
-        reward_funcs=[reward_registry.for_trl(r) for r in rewards],
+        reward_funcs=[clock.timed(reward_registry.for_trl(r)) for r in rewards],
         args=args,
         train_dataset=rows,
         processing_class=tokenizer,
@@ -98,8 +112,52 @@ def run(ctx: StageContext) -> StageResult:
         trainer = DynamicSamplingGRPOTrainer(**kwargs, max_rounds=stage.dynamic_sampling_max_rounds)
     else:
         trainer = GRPOTrainer(**kwargs)
+    trainer.add_callback(clock.log_steps(trainer))
     out = train_and_save(trainer, ctx)
-    return StageResult(model=out, metrics=summarize(read_metrics(metrics_path), rewards))
+    return StageResult(model=out, metrics=summarize(read_metrics(metrics_path), rewards) | clock.totals())
+
+
+class RewardClock:
+    """Seconds spent in each reward function: since the last optimizer step, and in total."""
+
+    def __init__(self):
+        self.step: dict[str, float] = {}
+        self.total: dict[str, float] = {}
+
+    def timed(self, fn: Callable[..., list]) -> Callable[..., list]:
+        """`fn` (a TRL reward function, named as TRL logs it), timing each call."""
+        name = fn.__name__
+        self.step[name] = self.total[name] = 0.0
+
+        @functools.wraps(fn)
+        def call(**kwargs):
+            start = time.perf_counter()
+            scores = fn(**kwargs)
+            seconds = time.perf_counter() - start
+            self.step[name] += seconds
+            self.total[name] += seconds
+            return scores
+
+        return call
+
+    def log_steps(self, trainer):
+        """A callback adding each optimizer step's seconds to the figures `trainer` logs next."""
+        from transformers import TrainerCallback
+
+        clock = self
+
+        class RewardSeconds(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                # The trainer's own per-step figures (step_time, ...) gather here; its log() averages them.
+                for name, seconds in clock.step.items():
+                    trainer._metrics["train"][f"reward_seconds/{name}"].append(seconds)
+                clock.step = dict.fromkeys(clock.step, 0.0)
+
+        return RewardSeconds()
+
+    def totals(self) -> dict[str, float]:
+        """``reward_seconds`` (all rewards) and ``reward_seconds/<name>``, over every call so far."""
+        return {"reward_seconds": sum(self.total.values())} | {f"reward_seconds/{n}": s for n, s in self.total.items()}
 
 
 def summarize(records: list[dict], rewards) -> dict[str, float]:

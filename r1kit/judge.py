@@ -1,0 +1,213 @@
+"""Judging code: does the program a completion wrote pass a problem's unit tests, and if not, why.
+
+    from r1kit.judge import Tests, judge
+    verdicts = judge(["def add(a, b):\\n    return a + b\\n"], [Tests(tests="assert add(2, 3) == 5\\n")])
+    verdicts[0].passed, verdicts[0].reason          # True, None
+
+The `code_tests` reward (rewards/code.py) scores with it during training and the evaluator
+(r1kit.evaluate) records its verdicts for code benchmarks, so both judge a program the same way.
+
+**The program** (`extract_program`) is, by default (``"last_block"``): the text after the last
+``</think>`` (reasoning is not the program; a ``<think>`` never closed leaves no program), then the
+content of its ``<answer>`` block if it has one, then the last fenced ```python (or bare ```)
+block in that, or all of it when it has no such block. ``"whole"`` takes the completion as it
+is. Unless it is a function body continuing a prefix (below), a program indented as a whole
+(``<answer> def f...``) is dedented.
+
+**The tests** (`Tests`, the dataset columns of the same names):
+
+- ``tests``: Python source run after the program in the same module, assert style; with an
+  ``entry_point``, ``check(<entry_point>)`` is appended, as HumanEval's tests expect. With a
+  ``prefix`` (HumanEval's prompt: imports, helpers and the signature), the program is the
+  prefix followed by the completion, as HumanEval's harness builds it; a completion that
+  defines the entry point itself (chat and reasoning models rewrite the signature) follows the
+  prefix as a definition of its own, which replaces the prefix's stub while its imports and
+  helpers stay. Passed when every statement ran to its end; exiting early fails.
+  A ``prefix`` without an ``entry_point`` is code every program follows (LiveCodeBench's imports).
+- ``test_cases``: ``{"input": stdin, "output": expected stdout}`` objects (or their list as JSON
+  text) for whole programs (after the ``prefix``, if any). A case passes when the program exits with status 0 and its output
+  equals the expected one line by line, with runs of spaces collapsed and blank lines at either
+  end ignored. The verdict counts the cases passed.
+
+**Why a run failed** (`Verdict.reason`): ``no program``, ``syntax error``, ``timeout``, ``output
+limit exceeded``, ``cpu time limit``, ``exited early`` (``sys.exit(0)`` before the last line), ``exit status N``,
+``wrong answer`` (a stdin/stdout case), ``killed by signal N``, or the name of the exception that
+ended it (``AssertionError`` for a failed assertion, ``NameError``, ``MemoryError``, ...). For
+stdin/stdout problems it is the first failing case's reason.
+
+Every run is its own r1kit.sandbox subprocess, all of a batch's runs in parallel; read that module
+for what the sandbox does and does not contain. Not here: languages other than Python, special
+judges (problems with several right outputs), interactive problems, guarding against programs
+that game the asserts (an object whose ``__eq__`` is always true passes ``assert f(x) == y``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import textwrap
+from dataclasses import dataclass
+from typing import Any
+
+from r1kit.errors import RewardError
+from r1kit.sandbox import Limits, RunResult, run_many
+
+EXTRACT = ("last_block", "whole")
+PYTHON_TAGS = ("", "python", "py", "python3")
+
+# A fenced block: ``` plus an optional info string, a newline, the code, and the closing ```.
+_FENCE = re.compile(r"```([^\n`]*)\n(.*?)```", re.DOTALL)
+# The last line of a traceback, or of a syntax error report: `NameError: name 'x' is not defined`.
+_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Iteration))(?::|$)")
+
+
+def extract_program(completion: str, extract: str = "last_block") -> str:
+    """The program a completion wrote (see the module docstring); "" when there is none."""
+    if extract == "whole":
+        return completion
+    text = completion
+    if "</think>" in text:
+        text = text.rsplit("</think>", 1)[1]
+    elif "<think>" in text:
+        return ""  # still reasoning when it stopped
+    if "<answer>" in text:
+        text = text.split("<answer>", 1)[1].split("</answer>", 1)[0]
+    blocks = [code for tag, code in _FENCE.findall(text) if tag.strip().lower() in PYTHON_TAGS]
+    program = blocks[-1] if blocks else text
+    return program.strip("\n") + "\n" if program.strip() else ""
+
+
+def _dedent(program: str) -> str:
+    """A program indented as a whole (``<answer> def f...``) dedented; a function body (which
+    follows a prefix) keeps its indentation."""
+    return textwrap.dedent(program) if program[:1] in (" ", "\t") else program
+
+
+def normalise_output(text: str) -> str:
+    """Output as compared: runs of spaces collapsed per line, blank lines at either end dropped."""
+    return "\n".join(" ".join(line.split()) for line in text.strip().splitlines())
+
+
+@dataclass(frozen=True)
+class Tests:
+    """A problem's unit tests: the dataset columns `tests` (+ `entry_point`, `prefix`) or `test_cases`."""
+
+    tests: str | None = None
+    entry_point: str | None = None
+    prefix: str | None = None
+    test_cases: Any = None
+    """A list of {"input", "output"} objects, or its JSON text."""
+
+    def cases(self, sample: int | str) -> list[tuple[str, str]]:
+        value = self.test_cases
+        cases = json.loads(value) if isinstance(value, str) else value
+        if not isinstance(cases, list) or not all(isinstance(c, dict) and {"input", "output"} <= c.keys() for c in cases):
+            raise RewardError(
+                f"code_tests: test_cases of sample {sample} must be a list of "
+                f'{{"input": ..., "output": ...}} objects (or its JSON text), got {value!r:.200}'
+            )
+        return [(str(c["input"]), str(c["output"])) for c in cases]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How a program did on a problem's tests."""
+
+    passed: int
+    """Tests passed: 0 or 1 for `tests`, cases passed for `test_cases`."""
+    total: int
+    """Tests run; 0 when the problem has none (nothing to judge)."""
+    reason: str | None
+    """Why it failed (see the module docstring); None when everything passed or nothing ran."""
+
+    @property
+    def ok(self) -> bool:
+        return self.total > 0 and self.passed == self.total
+
+
+def _continues_prefix(program: str, t: Tests) -> bool:
+    """A function body that continues the prefix's signature (HumanEval's completions), rather
+    than a program of its own (one that defines the entry point itself, or has no entry point)."""
+    if not (t.prefix and t.entry_point):
+        return False
+    return not re.search(rf"^(?:async\s+)?def\s+{re.escape(t.entry_point)}\s*\(", program, re.M)
+
+
+def program_of(completion: str, t: Tests, extract: str = "last_block") -> str:
+    """The program that runs: the extracted program after the prefix, if any (without tests)."""
+    program = extract_program(completion, extract)
+    if not program.strip():
+        return ""
+    if not _continues_prefix(program, t):
+        program = _dedent(program)
+    return f"{t.prefix}\n{program}" if t.prefix else program
+
+
+def assemble(program: str, t: Tests) -> str:
+    """The module a `tests` problem runs: the program, the tests and the check call."""
+    check = f"\n\ncheck({t.entry_point})\n" if t.entry_point else "\n"
+    return f"{program}\n\n{t.tests}{check}"
+
+
+def failure(r: RunResult) -> str:
+    """Why a sandbox run did not pass."""
+    if r.timed_out:
+        return "timeout"
+    if r.output_exceeded:
+        return "output limit exceeded"
+    if r.returncode == -signal.SIGXCPU:
+        return "cpu time limit"
+    last = next((line.strip() for line in reversed(r.stderr.splitlines()) if line.strip()), "")
+    m = _EXCEPTION.match(last)
+    if m and m.group(1) != "SystemExit":
+        name = m.group(1).rsplit(".", 1)[-1]
+        return "syntax error" if name in ("SyntaxError", "IndentationError", "TabError") else name
+    if r.returncode < 0:
+        return f"killed by signal {-r.returncode}"
+    return f"exit status {r.returncode}" if r.returncode else "exited early"
+
+
+def judge(
+    completions: list[str], tests: list[Tests], *, extract: str = "last_block", limits: Limits = Limits(wall_s=3.0, cpu_s=3.0)
+) -> list[Verdict]:
+    """Each completion's verdict on the tests beside it; all runs of the batch in parallel."""
+    if extract not in EXTRACT:
+        raise RewardError(f"code_tests: extract must be one of {', '.join(EXTRACT)}; got {extract!r}")
+    # One sandbox job per `tests` sample and per stdin/stdout case; `owner[j]` is job j's sample.
+    jobs: list[tuple[str, str]] = []
+    owner: list[int] = []
+    expected: list[str | None] = []
+    totals = [0] * len(completions)
+    reasons: list[str | None] = [None] * len(completions)
+    for i, (completion, t) in enumerate(zip(completions, tests, strict=True)):
+        program = program_of(completion, t, extract)
+        if t.tests:
+            totals[i] = 1
+            if program.strip():
+                jobs.append((assemble(program, t), ""))
+                owner.append(i)
+                expected.append(None)
+        elif t.test_cases:
+            cases = t.cases(i)
+            totals[i] = len(cases)
+            for stdin, stdout in cases if program.strip() else ():
+                jobs.append((program, stdin))
+                owner.append(i)
+                expected.append(stdout)
+        if totals[i] and not program.strip():
+            reasons[i] = "no program"
+
+    passed = [0] * len(completions)
+    for i, want, r in zip(owner, expected, run_many(jobs, limits)):
+        if want is None:
+            ok = r.ok
+            why = None if ok else failure(r)
+        elif r.timed_out or r.output_exceeded or r.returncode != 0:
+            ok, why = False, failure(r)
+        else:
+            ok = normalise_output(r.stdout) == normalise_output(want)
+            why = None if ok else "wrong answer"
+        passed[i] += ok
+        reasons[i] = reasons[i] or why
+    return [Verdict(p, n, reason) for p, n, reason in zip(passed, totals, reasons)]

@@ -1,0 +1,55 @@
+"""Stage data: several sources in one stage, renamed columns, row filters, assigned columns, and
+local files whose rows have different keys."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+
+from r1kit.config import DataConfig, from_dict
+from r1kit.data import load_rows, load_source
+from r1kit.errors import DataError, RecipeError
+
+CTX = types.SimpleNamespace(resolve_data_source=lambda source: source, recipe=types.SimpleNamespace(seed=0))
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_rows_with_different_keys_keep_every_column(tmp_path):
+    path = write_jsonl(tmp_path / "rows.jsonl", [{"id": 1, "answer": "2"}, {"id": 2, "tests": "assert True"}])
+    assert load_source(path).to_list() == [{"id": 1, "answer": "2", "tests": None}, {"id": 2, "answer": None, "tests": "assert True"}]
+
+
+def test_math_and_code_sources_join_with_renamed_filtered_and_assigned_columns(tmp_path):
+    math = write_jsonl(tmp_path / "math.jsonl", [{"problem": "1+1?", "answer": "2"}, {"problem": "2+2?", "answer": "4"}])
+    code = write_jsonl(tmp_path / "code.jsonl", [
+        {"prompt": "Sum a and b.", "official_tests": [{"input": "1 2", "output": "3"}], "language": "python", "checker": None},
+        {"prompt": "Sum in C++.", "official_tests": [{"input": "1 2", "output": "3"}], "language": "cpp", "checker": None},
+        {"prompt": "Any order.", "official_tests": [{"input": "1 2", "output": "3"}], "language": "python", "checker": "x"},
+    ])
+    section = {
+        "source": math, "prompt": "problem", "assign": {"task": "math"},
+        "also": [{"source": code, "prompt": "prompt", "columns": {"test_cases": "official_tests"},
+                  "where": {"language": "python", "checker": [None, ""]}, "assign": {"task": "code"}}],
+    }
+    rows = load_rows(from_dict(DataConfig, section, "rl.data"), CTX).to_list()
+    assert [(r["problem"], r["task"], r["answer"]) for r in rows] == [("1+1?", "math", "2"), ("2+2?", "math", "4"), ("Sum a and b.", "code", None)]
+    assert rows[2]["test_cases"] == [{"input": "1 2", "output": "3"}] and rows[0]["test_cases"] is None
+    assert "official_tests" not in rows[0] and "prompt" not in rows[0]
+
+
+def test_bad_data_sections_name_the_field(tmp_path):
+    path = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": "p", "language": "cpp"}])
+    with pytest.raises(DataError, match=r"data.where needs column 'lang'; the data has prompt, language"):
+        load_rows(DataConfig(source=path, where={"lang": "python"}), CTX)
+    with pytest.raises(DataError, match=r"no rows match data.where \{'language': 'python'\}"):
+        load_rows(DataConfig(source=path, where={"language": "python"}), CTX)
+    with pytest.raises(DataError, match="data.columns needs column 'official_tests'"):
+        load_rows(DataConfig(source=path, columns={"test_cases": "official_tests"}), CTX)
+    with pytest.raises(RecipeError, match=r"rl.data.also\[0\]: unknown key 'sorce'"):
+        from_dict(DataConfig, {"source": path, "also": [{"sorce": path}]}, "rl.data")
