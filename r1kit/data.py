@@ -81,7 +81,9 @@ def load_rows(data: DataConfig, ctx):
     import datasets
 
     parts = [_source_rows(data, ctx)]
-    for extra in data.also:
+    for i, extra in enumerate(data.also):
+        if extra.also:
+            raise DataError(f"{extra.source}: data.also[{i}] has an `also` of its own; list every source in the first one")
         ds = _source_rows(extra, ctx)
         names = {getattr(extra, c): getattr(data, c) for c in ("prompt", "completion", "messages")}
         ds = ds.rename_columns({old: new for old, new in names.items() if old in ds.column_names and old != new})
@@ -94,7 +96,11 @@ def load_rows(data: DataConfig, ctx):
             if c not in ds.column_names:
                 ds = ds.add_column(c, [None] * len(ds))
         parts[i] = ds.select_columns(columns)
-    return datasets.concatenate_datasets(parts)
+    try:
+        return datasets.concatenate_datasets(parts)
+    except ValueError as exc:  # a column typed differently in two sources
+        sources = ", ".join([data.source, *(e.source for e in data.also)])
+        raise DataError(f"{sources}: data.also: a column has different types in these sources ({' '.join(str(exc).split())[:300]})") from None
 
 
 def _source_rows(data: DataConfig, ctx):
@@ -114,7 +120,8 @@ def _source_rows(data: DataConfig, ctx):
     if data.where:
         require_columns(ds, list(data.where), data.source, "data.where")
         allowed = {k: v if isinstance(v, list) else [v] for k, v in data.where.items()}
-        ds = ds.filter(lambda row: all(row[k] in vs for k, vs in allowed.items()))
+        keys = list(allowed)  # read only these columns: others may be large (tests)
+        ds = ds.filter(lambda *values: all(v in allowed[k] for k, v in zip(keys, values)), input_columns=keys)
         if not len(ds):
             raise DataError(f"{data.source}: no rows match data.where {data.where}")
     if data.limit is not None:

@@ -189,6 +189,8 @@ def evaluate(
     check_settings(settings)
     out = Path(out_dir)
     head = {"model": model, "completions": None, **dataclasses.asdict(settings)}
+    if bench.domain == "math":  # the sandbox limits do not change a math evaluation
+        head = {k: v for k, v in head.items() if not k.startswith("code_")}
     claim = {"benchmark": bench.config, **head}
     _refuse_other(out, claim)
     path = out / "samples.jsonl"
@@ -210,7 +212,8 @@ def evaluate(
                 prompts = [templates.render(settings.template, p.problem, engine.tokenizer, settings.think_prefill) for p in chunk]
                 # Seeded by the first problem's position, so a rerun of the same chunk samples the same.
                 params = SamplingParams(settings.temperature, settings.top_p, settings.max_tokens, settings.seed + todo[start][0])
-                new = score(chunk, engine.generate_full(prompts, settings.samples, params), settings.answer_fallback, limits(settings))
+                completions = engine.generate_full(prompts, settings.samples, params)
+                new = score(chunk, completions, settings.answer_fallback, limits(settings), settings.think_prefill)
                 for p in chunk:
                     append_synced(f, "".join(json.dumps(r) + "\n" for r in new if r["id"] == p.id))
                 rows += new
@@ -234,11 +237,12 @@ def _completion(path: Path, lineno: int, row: dict):
 
 
 def score_completions(
-    bench: Benchmark, completions: str | Path, out_dir: str | Path, fallback: str = "none", sandbox: Limits | None = None
+    bench: Benchmark, completions: str | Path, out_dir: str | Path, fallback: str = "none",
+    sandbox: Limits | None = None, prefilled: bool = False,
 ) -> dict[str, Any]:
     """Score existing generations: rows {"id", "completion"} (optionally "sample", "tokens",
     "truncated"), the same number of rows for every problem (k samples each); code runs under
-    `sandbox` (default: the protocol's limits)."""
+    `sandbox` (default: the protocol's limits); `prefilled`: their prompts opened <think>."""
     from r1kit.data import read_jsonl
 
     path = Path(completions)
@@ -275,7 +279,7 @@ def score_completions(
     out = Path(out_dir)
     head = {"model": None, "completions": str(path), "samples": k, "answer_fallback": fallback}
     _claim(out, {"benchmark": bench.config, **head})
-    rows = score(bench.problems, [given[i] for i in ids], fallback, sandbox)
+    rows = score(bench.problems, [given[i] for i in ids], fallback, sandbox, prefilled)
     write_atomic(out / "samples.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     return _finish(out, bench, rows, k, head, sandbox)
 

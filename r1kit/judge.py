@@ -8,11 +8,13 @@ The `code_tests` reward (rewards/code.py) scores with it during training and the
 (r1kit.evaluate) records its verdicts for code benchmarks, so both judge a program the same way.
 
 **The program** (`extract_program`) is, by default (``"last_block"``): the text after the last
-``</think>`` (reasoning is not the program; a ``<think>`` never closed leaves no program), then the
+``</think>`` (reasoning is not the program; a ``<think>`` never closed, by the completion or by
+a prompt that opened it, leaves no program), then the
 content of its ``<answer>`` block if it has one, then the last fenced ```python (or bare ```)
 block in that, or all of it when it has no such block. ``"whole"`` takes the completion as it
 is. Unless it is a function body continuing a prefix (below), a program indented as a whole
-(``<answer> def f...``) is dedented.
+(``<answer> def f...``) is dedented. The program must compile on its own before any test is
+appended to it (so it cannot swallow the tests with a trailing decorator or an open string).
 
 **The tests** (`Tests`, the dataset columns of the same names):
 
@@ -22,12 +24,15 @@ is. Unless it is a function body continuing a prefix (below), a program indented
   prefix followed by the completion, as HumanEval's harness builds it; a completion that
   defines the entry point itself (chat and reasoning models rewrite the signature) follows the
   prefix as a definition of its own, which replaces the prefix's stub while its imports and
-  helpers stay. Passed when every statement ran to its end; exiting early fails.
+  helpers stay. Passed when every statement ran to its end; exiting early fails. The module runs
+  with ``__name__`` set to ``"__solution__"``, as HumanEval's harness runs a solution other than
+  as ``__main__``, so an ``if __name__ == "__main__":`` block does not run.
   A ``prefix`` without an ``entry_point`` is code every program follows (LiveCodeBench's imports).
 - ``test_cases``: ``{"input": stdin, "output": expected stdout}`` objects (or their list as JSON
   text) for whole programs (after the ``prefix``, if any). A case passes when the program exits with status 0 and its output
   equals the expected one line by line, with runs of spaces collapsed and blank lines at either
-  end ignored. The verdict counts the cases passed.
+  end ignored (programs run as ``__main__``). The verdict counts the cases passed. A program may
+  write twice the largest expected output of the batch, when that is above the sandbox's bound.
 
 **Why a run failed** (`Verdict.reason`): ``no program``, ``syntax error``, ``timeout``, ``output
 limit exceeded``, ``cpu time limit``, ``exited early`` (``sys.exit(0)`` before the last line), ``exit status N``,
@@ -47,7 +52,7 @@ import json
 import re
 import signal
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from r1kit.errors import RewardError
@@ -57,23 +62,24 @@ EXTRACT = ("last_block", "whole")
 PYTHON_TAGS = ("", "python", "py", "python3")
 
 # A fenced block: ``` plus an optional info string, a newline, the code, and the closing ```.
-_FENCE = re.compile(r"```([^\n`]*)\n(.*?)```", re.DOTALL)
+FENCE = re.compile(r"```([^\n`]*)\n(.*?)```", re.DOTALL)
 # The last line of a traceback, or of a syntax error report: `NameError: name 'x' is not defined`.
 _EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Iteration))(?::|$)")
 
 
-def extract_program(completion: str, extract: str = "last_block") -> str:
-    """The program a completion wrote (see the module docstring); "" when there is none."""
+def extract_program(completion: str, extract: str = "last_block", prefilled: bool = False) -> str:
+    """The program a completion wrote (see the module docstring); "" when there is none.
+    `prefilled`: the prompt opened ``<think>``, so the completion starts inside the reasoning."""
     if extract == "whole":
         return completion
     text = completion
     if "</think>" in text:
         text = text.rsplit("</think>", 1)[1]
-    elif "<think>" in text:
+    elif "<think>" in text or prefilled:
         return ""  # still reasoning when it stopped
     if "<answer>" in text:
         text = text.split("<answer>", 1)[1].split("</answer>", 1)[0]
-    blocks = [code for tag, code in _FENCE.findall(text) if tag.strip().lower() in PYTHON_TAGS]
+    blocks = [code for tag, code in FENCE.findall(text) if tag.strip().lower() in PYTHON_TAGS]
     program = blocks[-1] if blocks else text
     return program.strip("\n") + "\n" if program.strip() else ""
 
@@ -110,6 +116,10 @@ class Tests:
         return [(str(c["input"]), str(c["output"])) for c in cases]
 
 
+CODE_FIELDS = tuple(f.name for f in fields(Tests))
+"""The dataset columns a code problem's tests come from."""
+
+
 @dataclass(frozen=True)
 class Verdict:
     """How a program did on a problem's tests."""
@@ -126,28 +136,40 @@ class Verdict:
         return self.total > 0 and self.passed == self.total
 
 
-def _continues_prefix(program: str, t: Tests) -> bool:
-    """A function body that continues the prefix's signature (HumanEval's completions), rather
-    than a program of its own (one that defines the entry point itself, or has no entry point)."""
-    if not (t.prefix and t.entry_point):
-        return False
-    return not re.search(rf"^(?:async\s+)?def\s+{re.escape(t.entry_point)}\s*\(", program, re.M)
+def program_of(completion: str, t: Tests, extract: str = "last_block", prefilled: bool = False) -> str:
+    """The program that runs: the extracted program after the prefix, if any (without tests).
 
-
-def program_of(completion: str, t: Tests, extract: str = "last_block") -> str:
-    """The program that runs: the extracted program after the prefix, if any (without tests)."""
-    program = extract_program(completion, extract)
+    With a prefix and an entry point, a program that does not define the entry point (once
+    dedented) is a function body continuing the prefix's signature (HumanEval's completions)
+    and keeps its indentation; any other program indented as a whole is dedented."""
+    program = extract_program(completion, extract, prefilled)
     if not program.strip():
         return ""
-    if not _continues_prefix(program, t):
-        program = _dedent(program)
+    whole = _dedent(program)
+    defines = t.entry_point and re.search(rf"^(?:async\s+)?def\s+{re.escape(t.entry_point)}\s*\(", whole, re.M)
+    if not (t.prefix and t.entry_point) or defines:
+        program = whole
     return f"{t.prefix}\n{program}" if t.prefix else program
 
 
+def compiles(program: str) -> bool:
+    """The program is valid Python on its own (compiled, never run). Checked before the tests are
+    appended, so that a program cannot reach into them: a trailing decorator that swallows the
+    tests' ``def check``, or an open bracket or string."""
+    try:
+        compile(program, "prog.py", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+        return False
+    return True
+
+
 def assemble(program: str, t: Tests) -> str:
-    """The module a `tests` problem runs: the program, the tests and the check call."""
+    """The module a `tests` problem runs: the program, the tests and the check call. It runs under
+    another ``__name__`` than ``__main__``, as HumanEval's and LiveCodeBench's harnesses run
+    solutions, so that a program's ``if __name__ == "__main__":`` block (reading stdin, a demo)
+    stays out of the way."""
     check = f"\n\ncheck({t.entry_point})\n" if t.entry_point else "\n"
-    return f"{program}\n\n{t.tests}{check}"
+    return f"__name__ = '__solution__'\n{program}\n\n{t.tests}{check}"
 
 
 def failure(r: RunResult) -> str:
@@ -169,9 +191,12 @@ def failure(r: RunResult) -> str:
 
 
 def judge(
-    completions: list[str], tests: list[Tests], *, extract: str = "last_block", limits: Limits = Limits(wall_s=3.0, cpu_s=3.0)
+    completions: list[str], tests: list[Tests], *, limits: Limits, extract: str = "last_block", prefilled: list[bool] | None = None
 ) -> list[Verdict]:
-    """Each completion's verdict on the tests beside it; all runs of the batch in parallel."""
+    """Each completion's verdict on the tests beside it; all runs of the batch in parallel.
+
+    `prefilled[i]`: completion i's prompt opened ``<think>``. A program may write up to twice the
+    largest expected output of the batch when that is more than ``limits.output_kb``."""
     if extract not in EXTRACT:
         raise RewardError(f"code_tests: extract must be one of {', '.join(EXTRACT)}; got {extract!r}")
     # One sandbox job per `tests` sample and per stdin/stdout case; `owner[j]` is job j's sample.
@@ -180,24 +205,30 @@ def judge(
     expected: list[str | None] = []
     totals = [0] * len(completions)
     reasons: list[str | None] = [None] * len(completions)
+    prefilled = prefilled or [False] * len(completions)
     for i, (completion, t) in enumerate(zip(completions, tests, strict=True)):
-        program = program_of(completion, t, extract)
-        if t.tests:
-            totals[i] = 1
-            if program.strip():
-                jobs.append((assemble(program, t), ""))
-                owner.append(i)
-                expected.append(None)
-        elif t.test_cases:
-            cases = t.cases(i)
-            totals[i] = len(cases)
-            for stdin, stdout in cases if program.strip() else ():
+        program = program_of(completion, t, extract, prefilled[i])
+        cases = [] if t.tests or not t.test_cases else t.cases(i)
+        totals[i] = 1 if t.tests else len(cases)
+        if not totals[i]:
+            continue
+        if not program.strip():
+            reasons[i] = "no program"
+        elif not compiles(program):
+            reasons[i] = "syntax error"
+        elif t.tests:
+            jobs.append((assemble(program, t), ""))
+            owner.append(i)
+            expected.append(None)
+        else:
+            for stdin, stdout in cases:
                 jobs.append((program, stdin))
                 owner.append(i)
                 expected.append(stdout)
-        if totals[i] and not program.strip():
-            reasons[i] = "no program"
 
+    # Judges size the output bound to the expected output; a program may write twice that.
+    needed = max((len(e.encode()) for e in expected if e), default=0) * 2 // 1024 + 1
+    limits = replace(limits, output_kb=max(limits.output_kb, needed))
     passed = [0] * len(completions)
     for i, want, r in zip(owner, expected, run_many(jobs, limits)):
         if want is None:

@@ -117,10 +117,10 @@ def math_verifier(fallback: str = "none"):
 
 
 def score(
-    problems: list[Problem], completions: list[list[Any]], fallback: str = "none", limits: Limits = Limits(wall_s=3.0, cpu_s=3.0)
+    problems: list[Problem], completions: list[list[Any]], fallback: str, limits: Limits, prefilled: bool = False
 ) -> list[dict]:
     """samples.jsonl rows for each problem's completions (objects with text, tokens, truncated),
-    in order; code runs in the sandbox under `limits`."""
+    in order; code runs in the sandbox under `limits`; `prefilled`: the prompts opened <think>."""
     from r1kit.judge import judge
     from r1kit.text import extract_answer
 
@@ -133,7 +133,7 @@ def score(
                     "correct": None if v is None else v == 1.0, "tokens": c.tokens, "truncated": c.truncated}
         for (p, j, c), v in zip(math, verdicts)
     }
-    for (p, j, c), v in zip(code, judge([c.text for _, _, c in code], [p.tests for p, _, _ in code], limits=limits) if code else []):
+    for (p, j, c), v in zip(code, judge([c.text for _, _, c in code], [p.tests for p, _, _ in code], limits=limits, prefilled=[prefilled] * len(code)) if code else []):
         rows[p.id, j] = {"id": p.id, "sample": j, "completion": c.text, "correct": v.ok if v.total else None, "reason": v.reason,
                          "tests": [v.passed, v.total], "tokens": c.tokens, "truncated": c.truncated}
     return [rows[p.id, j] for p, j, _ in flat]

@@ -6,7 +6,9 @@
 The judging is r1kit.judge's (the evaluator uses the same): which part of a completion is the
 program (``extract``: ``last_block``, the default, drops the reasoning and reads the answer block
 or the last fenced block; ``whole`` runs the text as it is), and how the dataset columns
-``tests`` (+ ``entry_point``, ``prefix``) and ``test_cases`` are run. The reward is 1.0 or 0.0
+``tests`` (+ ``entry_point``, ``prefix``) and ``test_cases`` are run. When the batch carries the
+rendered prompts (a ``prompt`` column, as r1kit's GRPO stage passes them), a prompt that ends
+with ``<think>`` means the completion starts inside the reasoning. The reward is 1.0 or 0.0
 for ``tests``; for ``test_cases`` the fraction of cases passed (``mode="fraction"``) or
 all-or-nothing (``"all"``). A sample with neither column (or an empty one) scores None.
 
@@ -16,7 +18,7 @@ Not here: the sandbox (r1kit.sandbox) and the judging rules (r1kit.judge).
 from __future__ import annotations
 
 from r1kit.errors import RewardError
-from r1kit.judge import Tests, judge
+from r1kit.judge import CODE_FIELDS, Tests, judge
 from r1kit.sandbox import Limits
 
 MODES = ("fraction", "all")
@@ -35,10 +37,12 @@ def code_tests(
     if mode not in MODES:
         raise RewardError(f"code_tests: mode must be one of {', '.join(MODES)}; got {mode!r}")
     n = len(completions)
-    fields = ("tests", "entry_point", "prefix", "test_cases")
-    values = [columns.get(f) or [None] * n for f in fields]
-    tests = [Tests(**dict(zip(fields, row))) for row in zip(*values)]
-    verdicts = judge(completions, tests, extract=extract, limits=Limits(wall_s=timeout, cpu_s=timeout, memory_mb=memory_mb))
+    values = [columns.get(f) or [None] * n for f in CODE_FIELDS]
+    tests = [Tests(**dict(zip(CODE_FIELDS, row))) for row in zip(*values)]
+    # A prompt that opened <think> (GRPO passes the rendered prompts) leaves the completion inside it.
+    prefilled = [isinstance(p, str) and p.rstrip().endswith("<think>") for p in columns.get("prompt") or [None] * n]
+    limits = Limits(wall_s=timeout, cpu_s=timeout, memory_mb=memory_mb)
+    verdicts = judge(completions, tests, extract=extract, limits=limits, prefilled=prefilled)
     if mode == "all":
         return [float(v.ok) if v.total else None for v in verdicts]
     return [v.passed / v.total if v.total else None for v in verdicts]

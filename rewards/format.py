@@ -32,17 +32,15 @@ It checks layout only, not whether the answer is right (that is ``math_accuracy`
 
 from __future__ import annotations
 
-import re
-
 from r1kit.errors import RewardError
+from r1kit.judge import FENCE
 from r1kit.text import last_boxed
-
-_FENCED = re.compile(r"```[^\n`]*\n.*?```", re.DOTALL)
 
 
 def _answered(after: str, answer: str) -> bool:
     """The text after </think> holds the box or the code block of `answer` ("boxed", "code")."""
-    return last_boxed(after) is not None if answer == "boxed" else _FENCED.search(after) is not None
+    return last_boxed(after) is not None if answer == "boxed" else FENCE.search(after) is not None
+
 
 MODES = ("strict", "lenient")
 ANSWERS = ("tags", "boxed", "code")

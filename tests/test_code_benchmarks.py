@@ -203,7 +203,7 @@ def without(row: dict, key: str) -> dict:
         (
             livecodebench_problems,
             {**LCB_ROWS[0], "contest_date": "08/01/2024"},
-            "livecodebench: row 1 (question_id 'abc999_a') contest_date '08/01/2024' is not a date in the format YYYY-MM-DD",
+            "livecodebench: row 1 (question_id 'abc999_a') contest_date: '08/01/2024' is not a date; write YYYY-MM-DD",
         ),
         (
             livecodebench_problems,

