@@ -236,7 +236,8 @@ def _cmd_rewards_list(args) -> None:
 
     for name, target in sorted(rewards.available().items()):
         fn = rewards.load(name)
-        params = ", ".join(f"{k}={v!r}" for k, v in rewards.parameters(fn).items())
+        needed = rewards.required(fn)
+        params = ", ".join(f"{k} (required)" if k in needed else f"{k}={v!r}" for k, v in rewards.parameters(fn).items())
         print(f"{name:<22} {rewards.summary(fn)}")
         print(f"{'':<22} parameters: {params or 'none'}   ({target})")
 

@@ -90,7 +90,49 @@ def _build(raw: dict, stage_registry) -> Recipe:
             if ref in seen and ref not in earlier:
                 raise RecipeError(f"{stage.name}.{ref_where}: stage {ref!r} runs after {stage.name!r}; a stage can only use earlier stages")
         earlier.add(stage.name)
+    _check_sources(recipe, seen)
     return recipe
+
+
+def _check_sources(recipe: Recipe, names: set[str]) -> None:
+    """What a recipe names that can be checked without loading anything: local files and model
+    folders exist, tasks and their arguments fit their generators, and a near miss of a stage's
+    name is not taken for a hub id."""
+    from r1kit import tasks
+    from r1kit.data import is_local
+    from r1kit.errors import DataError
+    from r1kit.sampling import looks_local
+
+    def model(where: str, value: str) -> None:
+        if value == "tiny" or value.startswith("package:") or value in names:
+            return
+        if (looks_local(value) or value.endswith(".gguf")) and not Path(value).expanduser().exists():
+            raise RecipeError(f"{where}: no such model folder or file {value!r}")
+
+    model("model", recipe.model)
+    for stage in recipe.stages:
+        if stage.model:
+            model(f"{stage.name}.model", stage.model)
+        data = getattr(stage, "data", None)
+        if not isinstance(data, DataConfig):
+            continue
+        for where, section in [("data", data), *((f"data.also[{i}]", extra) for i, extra in enumerate(data.also))]:
+            source = section.source
+            if source.startswith("task:"):
+                try:
+                    tasks.check(source[5:], section.task)
+                except DataError as exc:
+                    raise RecipeError(f"{stage.name}.{where}: {exc}") from None
+            elif source in names:
+                continue
+            elif is_local(source):
+                if not Path(source).is_file():
+                    raise RecipeError(f"{stage.name}.{where}.source: no such file {source!r}")
+            elif "/" not in source and suggest(source, sorted(names)):
+                raise RecipeError(
+                    f"{stage.name}.{where}.source: no stage named {source!r}{suggest(source, sorted(names))}; "
+                    "a hub dataset id has the form org/name"
+                )
 
 
 def _stage_refs(stage: StageConfig):

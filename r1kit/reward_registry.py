@@ -7,7 +7,9 @@ A reward is a plain batch function::
 `completions` are the texts the model wrote (without the prompt). Dataset columns of the batch
 (``answer``, ``tests``, ``task``, ...) arrive as keyword arguments, one list per column, aligned
 with `completions`. Keyword-only arguments with defaults are the reward's *parameters*: a recipe
-sets them next to the reward's name (``{name: math_accuracy, weight: 1.0, fallback: last_number}``).
+sets them next to the reward's name (``{name: math_accuracy, weight: 1.0, fallback: last_number}``);
+one annotated ``Literal[...]`` takes only those values, and one annotated
+``Annotated[..., REQUIRED]`` must be set; both are checked when the recipe is validated.
 ``None`` in the result means "not applicable to this sample": trainers skip it instead of
 teaching it as wrong. A column named like one of the reward's parameters does not reach it: the
 parameter keeps its configured value.
@@ -32,6 +34,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import typing
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Callable
@@ -77,6 +80,23 @@ def parameters(fn: RewardFn) -> dict[str, Any]:
         for p in inspect.signature(fn).parameters.values()
         if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is not inspect.Parameter.empty
     }
+
+
+REQUIRED = "required"
+"""Marks a parameter a recipe must set: ``model: Annotated[str, REQUIRED] = ""``. (A keyword-only
+argument without a default is a column the reward reads, not a parameter.)"""
+
+
+def required(fn: RewardFn) -> list[str]:
+    """The reward's parameters marked ``Annotated[..., REQUIRED]``."""
+    hints = typing.get_type_hints(fn, include_extras=True)
+    return [k for k, tp in hints.items() if typing.get_origin(tp) is typing.Annotated and REQUIRED in tp.__metadata__]
+
+
+def choices(fn: RewardFn) -> dict[str, tuple]:
+    """The allowed values of parameters annotated ``Literal[...]``."""
+    hints = typing.get_type_hints(fn)
+    return {k: typing.get_args(tp) for k, tp in hints.items() if typing.get_origin(tp) is typing.Literal}
 
 
 def summary(fn: RewardFn) -> str:
@@ -163,7 +183,7 @@ def build(name: str, params: dict[str, Any] | None = None, weight: float = 1.0) 
     ``params["when"]``, if present, is the routing (see the module docstring), not a parameter.
     """
     fn = load(name)
-    allowed = parameters(fn)
+    allowed, needed, literal = parameters(fn), required(fn), choices(fn)
     params = dict(params or {})
     when = _check_when(name, params.pop("when", {}))
     for key, value in params.items():
@@ -173,7 +193,15 @@ def build(name: str, params: dict[str, Any] | None = None, weight: float = 1.0) 
                 f"reward {name!r} has no parameter {key!r}{suggest(key, list(allowed))}; "
                 f"its parameters: {listed}"
             )
+        if key in literal and value not in literal[key]:
+            raise RewardError(
+                f"reward {name!r}: parameter {key!r} must be one of {', '.join(map(repr, literal[key]))}; "
+                f"got {value!r}{suggest(str(value), [str(c) for c in literal[key]])}"
+            )
         params[key] = _check_type(name, key, value, allowed[key])
+    missing = [k for k in needed if not params.get(k)]
+    if missing:
+        raise RewardError(f"reward {name!r} needs parameter {missing[0]!r} (set it beside the reward's name)")
     return Reward(name=name, fn=fn, params=params, weight=float(weight), when=when)
 
 

@@ -188,6 +188,29 @@ def mix(split: str = "train", seed: int = 0, **parts: dict) -> list[dict]:
 TASKS = {"addition": addition, "chain": chain, "last_digit": last_digit, "functions": functions, "mix": mix}
 
 
+def check(name: str, args: dict) -> None:
+    """Refuse an unknown task, or arguments its generator does not take (nothing is generated)."""
+    import inspect
+
+    from r1kit.errors import DataError, suggest
+
+    if name not in TASKS:
+        raise DataError(f"task:{name}: unknown task{suggest(name, list(TASKS))}; tasks: {', '.join(TASKS)}")
+    if name == "mix":
+        for part, part_args in args.items():
+            if part in ("seed", "split"):
+                continue
+            if part not in TASKS or part == "mix" or not isinstance(part_args, dict):
+                raise DataError(f"task:mix: {part!r} is not a task to mix with a mapping of its arguments; tasks: {', '.join(t for t in TASKS if t != 'mix')}")
+            check(part, part_args)
+        return
+    try:
+        inspect.signature(TASKS[name]).bind(**args)
+    except TypeError as exc:
+        taken = [p for p in inspect.signature(TASKS[name]).parameters if p != "split"]
+        raise DataError(f"task:{name}: {exc}; it takes {', '.join(taken)}") from None
+
+
 def generate(name: str, split: str, args: dict) -> list[dict]:
     from r1kit.errors import DataError
 

@@ -17,6 +17,8 @@ Not here: the sandbox (r1kit.sandbox) and the judging rules (r1kit.judge).
 
 from __future__ import annotations
 
+from typing import Literal
+
 from r1kit.errors import RewardError
 from r1kit.judge import CODE_FIELDS, Tests, judge
 from r1kit.sandbox import Limits
@@ -27,8 +29,8 @@ MODES = ("fraction", "all")
 def code_tests(
     completions: list[str],
     *,
-    extract: str = "last_block",
-    mode: str = "fraction",
+    extract: Literal["last_block", "whole"] = "last_block",
+    mode: Literal["fraction", "all"] = "fraction",
     timeout: float = 3.0,
     memory_mb: int = 1024,
     **columns,

@@ -32,6 +32,8 @@ It checks layout only, not whether the answer is right (that is ``math_accuracy`
 
 from __future__ import annotations
 
+from typing import Literal
+
 from r1kit.errors import RewardError
 from r1kit.judge import FENCE
 from r1kit.text import last_boxed
@@ -79,9 +81,9 @@ def _lenient(text: str, answer: str) -> bool:
 def format_reward(
     completions: list[str],
     *,
-    mode: str = "strict",
+    mode: Literal["strict", "lenient"] = "strict",
     prefilled_think: bool = False,
-    answer_format: str = "tags",
+    answer_format: Literal["tags", "boxed", "code"] = "tags",
     **columns,
 ) -> list[float]:
     """1.0 when the completion follows the R1 template <think>…</think> then the answer, else 0.0.

@@ -47,7 +47,7 @@ from fractions import Fraction
 
 from r1kit.errors import RewardError
 from r1kit.rewards import math_pool
-from r1kit.text import extract_answer
+from r1kit.text import Fallback, extract_answer
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ def math_accuracy(
     completions: list[str],
     *,
     answer_column: str = "answer",
-    fallback: str = "none",
+    fallback: Fallback = "none",
     timeout: float = 5.0,
     **columns,
 ) -> list[float | None]:

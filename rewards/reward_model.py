@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Annotated, Literal
 
 from r1kit.errors import RewardError
+from r1kit.reward_registry import REQUIRED
 
 TEXTS = ("summary", "full")
 NORMALIZE = ("none", "sigmoid")
@@ -66,10 +68,10 @@ def summary(text: str) -> str:
 def reward_model(
     completions: list[str],
     *,
-    model: str = "",
-    text: str = "summary",
+    model: Annotated[str, REQUIRED] = "",
+    text: Literal["summary", "full"] = "summary",
     prompt_column: str = "prompt",
-    normalize: str = "none",
+    normalize: Literal["none", "sigmoid"] = "none",
     batch_size: int = 8,
     max_length: int = 4096,
     **columns,

@@ -12,7 +12,7 @@ def test_list_shows_every_builtin_with_its_parameters(capsys):
     out = capsys.readouterr().out
     for name in ("math_accuracy", "format", "language_consistency", "code_tests", "overlong_penalty", "reward_model"):
         assert name in out
-    assert "answer_column='answer'" in out and "mode='strict'" in out
+    assert "answer_column='answer'" in out and "mode='strict'" in out and "model (required)" in out
 
 
 def test_score_writes_rows_with_reward_and_a_summary(tmp_path, capsys):

@@ -95,7 +95,7 @@ def test_missing_local_data_file_is_refused_before_running(write_recipe, tmp_pat
     [
         ("package:r1kit_no_such_package/m.gguf", "model: 'package:r1kit_no_such_package/m.gguf': Python package 'r1kit_no_such_package' is not installed"),
         ("package:r1kit_fake_models/other.gguf", "model: 'package:r1kit_fake_models/other.gguf': package 'r1kit_fake_models' has no file 'other.gguf'"),
-        (str("missing.gguf"), "model: no such file 'missing.gguf'"),
+        (str("missing.gguf"), "model: no such model folder or file 'missing.gguf'"),
     ],
 )
 def test_missing_model_file_is_refused_before_running(write_recipe, tmp_path, monkeypatch, capsys, model, expected):

@@ -53,3 +53,25 @@ def test_bad_data_sections_name_the_field(tmp_path):
         load_rows(DataConfig(source=path, columns={"test_cases": "official_tests"}), CTX)
     with pytest.raises(RecipeError, match=r"rl.data.also\[0\]: unknown key 'sorce'"):
         from_dict(DataConfig, {"source": path, "also": [{"sorce": path}]}, "rl.data")
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"data": {"source": "rejecton"}}, "sft.data.source: no stage named 'rejecton' (did you mean 'rejection'?); a hub dataset id has the form org/name"),
+        ({"data": {"source": "data/missing.jsonl"}}, "sft.data.source: no such file 'data/missing.jsonl'"),
+        ({"data": {"source": "task:last_digits"}}, "sft.data: task:last_digits: unknown task (did you mean 'last_digit'?)"),
+        ({"data": {"source": "task:last_digit", "task": {"term": 3}}}, "sft.data: task:last_digit: got an unexpected keyword argument 'term'; it takes n, terms, seed, direct"),
+        ({"data": {"source": "task:mix", "task": {"functions": {"n": 5}, "chains": {"n": 5}}}}, "task:mix: 'chains' is not a task to mix"),
+        ({"data": {"source": "task:chain", "also": [{"source": "task:functions", "task": {"digits": 2}}]}}, "sft.data.also[0]: task:functions: got an unexpected keyword argument 'digits'"),
+        ({"model": "./no/such/model"}, "sft.model: no such model folder or file './no/such/model'"),
+    ],
+)
+def test_validate_refuses_what_can_be_known_without_loading(write_recipe, capsys, change, message):
+    from r1kit.cli import main
+
+    rejection = {"name": "rejection", "kind": "rejection", "data": {"source": "task:chain"}, "rewards": [{"name": "math_accuracy"}]}
+    sft = {"name": "sft", "kind": "sft", "data": {"source": "rejection"}, **change}
+    assert main(["validate", str(write_recipe({"model": "tiny", "stages": [rejection, sft]}))]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

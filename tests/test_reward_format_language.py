@@ -96,6 +96,15 @@ def test_format_long_completions_stay_linear():
     assert growth(lambda c: format_reward(c, mode="lenient"), many_tags, 12_500) < 22
 
 
+def test_a_recipe_value_outside_a_parameters_choices_is_refused_when_built(write_recipe, capsys):
+    from r1kit.cli import main
+
+    stage = {"name": "rl", "kind": "grpo", "data": {"source": "task:addition"}, "rewards": [{"name": "format", "mode": "stric"}]}
+    assert main(["validate", str(write_recipe({"model": "tiny", "stages": [stage]}))]) == 2
+    err = capsys.readouterr().err
+    assert "rl.rewards[0]: reward 'format': parameter 'mode' must be one of 'strict', 'lenient'; got 'stric' (did you mean 'strict'?)" in err
+
+
 def test_format_rejects_unknown_parameters():
     with pytest.raises(RewardError, match="mode must be one of"):
         format_reward(["x"], mode="loose")

@@ -90,8 +90,14 @@ def test_loaded_once_per_process_and_registered(tiny_rm):
 def test_reward_model_errors(tiny_rm, tiny_model, tmp_path):
     from transformers import AutoConfig, Qwen2ForSequenceClassification
 
+    with pytest.raises(RewardError, match="reward 'reward_model' needs parameter 'model'"):
+        rewards.build("reward_model")  # when the recipe is read, before any compute
+    with pytest.raises(RewardError, match="reward 'reward_model' needs parameter 'model'"):
+        rewards.build("reward_model", {"model": ""})
     with pytest.raises(RewardError, match="set `model`"):
-        rewards.build("reward_model")(["x"])
+        rewards.load("reward_model")(["x"])  # called directly, not through a recipe
+    with pytest.raises(RewardError, match=r"parameter 'normalize' must be one of 'none', 'sigmoid'; got 'softmax'"):
+        rewards.build("reward_model", {"model": str(tiny_rm), "normalize": "softmax"})
     with pytest.raises(RewardError, match="text must be one of"):
         score(tiny_rm, ["x"], text="answer")
     two = Qwen2ForSequenceClassification(AutoConfig.from_pretrained(tiny_model, num_labels=2))

@@ -25,7 +25,7 @@ from r1kit.sampling.base import BACKENDS, Completion, Sampler, SamplingParams
 __all__ = ["BACKENDS", "Completion", "Sampler", "SamplingParams", "load_sampler", "vllm_available"]
 
 
-def _looks_local(model: str) -> bool:
+def looks_local(model: str) -> bool:
     """A path rather than a hub id (``org/name``): absolute, relative with dots, or deeper."""
     return model.startswith(("/", "./", "../", "~")) or model.count("/") > 1
 
@@ -38,7 +38,7 @@ def load_sampler(model: str, backend: str = "auto", **options) -> Sampler:
     """A sampler for `model` (folder or hub id) on `backend` (auto, vllm, transformers)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    if _looks_local(model) and not Path(model).expanduser().is_dir():
+    if looks_local(model) and not Path(model).expanduser().is_dir():
         raise RecipeError(f"{model}: no such model folder")
     if backend == "auto":
         backend = "vllm" if vllm_available() else "transformers"
