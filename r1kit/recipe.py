@@ -14,6 +14,7 @@ This module reads and checks; it runs nothing and writes nothing.
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import yaml
@@ -38,6 +39,9 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
         raise RecipeError(f"{path}: not valid YAML{at}: {getattr(exc, 'problem', exc)}") from None
     if not isinstance(raw, dict):
         raise RecipeError(f"{path}: a recipe is a mapping with model, output_dir and stages")
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.append(folder)  # `module:function` rewards may live beside the recipe
     try:
         raw = apply_overrides(raw, list(overrides))
         recipe = _build(raw, stage_registry)

@@ -23,8 +23,12 @@ that name.
 
 Rewards are found by name through the ``r1kit.rewards`` entry-point group (the built-ins, the
 repository's ``rewards/`` folder installed as the package ``r1kit.rewards``, register there too,
-see pyproject.toml), or by a
-``"package.module:function"`` string for code that is not installed as a package.
+see pyproject.toml), or by a ``"package.module:function"`` string for code that is not installed
+as a package: a module in the current directory or beside the recipe file is found.
+
+A reward that raises, or returns anything but one number or None per completion, stops the run
+with a one-line RewardError naming the reward, the error and where it was raised (the traceback
+is logged at debug level).
 
 This module does not know any particular reward and never imports one by name.
 """
@@ -34,14 +38,18 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import logging
+import sys
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from importlib.metadata import entry_points
 from typing import Any, Callable
 
 from r1kit.errors import RecipeError, RewardError, suggest
 
 ENTRY_POINT_GROUP = "r1kit.rewards"
+log = logging.getLogger("r1kit")
 
 RewardFn = Callable[..., list]
 
@@ -55,6 +63,8 @@ def load(name: str) -> RewardFn:
     """The function registered as `name`, or imported from a ``module:function`` string."""
     if ":" in name:
         module_name, _, attr = name.partition(":")
+        if "" not in sys.path and str(Path.cwd()) not in sys.path:
+            sys.path.append(str(Path.cwd()))  # `r1kit` as a command does not put it there, `python -m` does
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
@@ -160,14 +170,43 @@ class Reward:
         # A column that shares a parameter's name never overrides the parameter.
         names = parameters(self.fn)
         columns = {k: v for k, v in columns.items() if k not in names}
-        scores = self.fn(completions, **self.params, **columns)
+        try:
+            scores = self.fn(completions, **self.params, **columns)
+        except RewardError:
+            raise
+        except Exception as exc:
+            # One line for the recipe's author; the traceback stays in the log for the reward's.
+            log.debug("reward %r failed", self.name, exc_info=True)
+            where = _origin(exc)
+            raise RewardError(
+                f"reward {self.name!r} raised {type(exc).__name__}: {' '.join(str(exc).split())[:300]}{where}; "
+                f"the batch had columns: {', '.join(sorted(columns)) or 'none'}"
+            ) from exc
         if not isinstance(scores, list) or len(scores) != len(completions):
             got = len(scores) if isinstance(scores, list) else type(scores).__name__
             raise RewardError(
                 f"reward {self.name!r} returned {got} for {len(completions)} completions; "
                 "a reward returns one float or None per completion"
             )
+        bad = next(((i, s) for i, s in enumerate(scores) if s is not None and not _is_number(s)), None)
+        if bad is not None:
+            raise RewardError(
+                f"reward {self.name!r} returned {bad[1]!r} for completion {bad[0]}; a reward returns one float or None per completion"
+            )
         return [None if s is None else float(s) for s in scores]
+
+
+def _is_number(value: Any) -> bool:
+    """Converts to float as a number does (ints, floats, bools, numpy and torch scalars; not text)."""
+    return hasattr(type(value), "__float__")
+
+
+def _origin(exc: BaseException) -> str:
+    """`` (at file:line)`` of the innermost frame of the exception's traceback."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return f" (at {tb.tb_frame.f_code.co_filename}:{tb.tb_lineno})" if tb is not None else ""
 
 
 def _check_when(name: str, when: Any) -> dict[str, list]:

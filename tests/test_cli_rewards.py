@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from r1kit.cli import main
 
 
@@ -59,3 +61,37 @@ def test_a_users_own_rewards_module_does_not_shadow_the_builtins(tmp_path):
                             cwd=tmp_path, env=env, capture_output=True, text=True)
     assert scored.returncode == 0, scored.stderr[-2000:]
     assert json.loads(scored.stdout.splitlines()[0])["reward"] == 1.0  # and the user's module is theirs
+
+
+BROKEN_REWARDS = '''
+def right(completions, **columns):
+    return [1.0] * len(completions)
+
+
+def raises(completions, *, answer, **columns):
+    return [float(a) for a in answer]
+
+
+def words(completions, **columns):
+    return ["yes"] * len(completions)
+'''
+
+
+def test_a_reward_module_beside_the_recipe_is_found_and_its_failures_are_one_line(tmp_path, monkeypatch, capsys):
+    from r1kit import reward_registry as rewards
+    from r1kit.errors import RewardError
+
+    folder = tmp_path / "experiment"
+    folder.mkdir()
+    (folder / "beside_rewards.py").write_text(BROKEN_REWARDS)
+    stage = {"name": "rl", "kind": "grpo", "data": {"source": "task:addition"}, "rewards": [{"name": "beside_rewards:right"}]}
+    recipe = folder / "recipe.yaml"
+    recipe.write_text(json.dumps({"model": "tiny", "output_dir": str(tmp_path / "run"), "stages": [stage]}))
+    monkeypatch.chdir(tmp_path)  # not the recipe's folder, and no PYTHONPATH
+    monkeypatch.syspath_prepend(str(tmp_path / "elsewhere"))
+    assert main(["validate", str(recipe)]) == 0
+    capsys.readouterr()
+    with pytest.raises(RewardError, match=r"reward 'beside_rewards:raises' raised ValueError: could not convert string to float: 'x' \(at .*beside_rewards.py:\d+\); the batch had columns: answer"):
+        rewards.build("beside_rewards:raises")(["c"], answer=["x"])
+    with pytest.raises(RewardError, match="reward 'beside_rewards:words' returned 'yes' for completion 0; a reward returns one float or None"):
+        rewards.build("beside_rewards:words")(["c"])
