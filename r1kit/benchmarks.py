@@ -178,7 +178,7 @@ def load_benchmark(
         undated = next((i for i, row in enumerate(rows) if not row.get("date")), None)
         if undated is not None:
             raise EvalError(f"{source}: row {undated + 1} has no date; since/until need a date field on every problem")
-        rows = [r for r in rows if (since or "") <= day(str(r["date"])[:10], f"{source}: date") <= (until or "9999")]
+        rows = [r for r in rows if code_benchmarks.in_window(day(str(r["date"])[:10], f"{source}: date"), since, until)]
     rows = rows[:limit] if limit is not None else rows
     problems, seen = [], set()
     for i, row in enumerate(rows):

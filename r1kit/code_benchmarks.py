@@ -103,6 +103,11 @@ def _require(benchmark: str, row: dict, index: int, fields: tuple[str, ...], id_
             raise EvalError(f"{benchmark}: {_where(row, index, id_field)} has no field {key!r}")
 
 
+def in_window(day: str, since: str | None, until: str | None) -> bool:
+    """`day` (YYYY-MM-DD...) lies within [since, until]; None leaves that side open."""
+    return (since or "") <= str(day)[:10] <= (until or "9999")
+
+
 def iso_day(text, what: str) -> str:
     """`text` when it is a ``YYYY-MM-DD`` date, else an EvalError (a ValueError) naming `what`."""
     try:
@@ -250,6 +255,6 @@ def load(name: str, since: str | None = None, until: str | None = None) -> list[
     if name == "livecodebench":
         rows = load_livecodebench_rows()
         if since or until:
-            rows = [r for r in rows if (since or "") <= str(r.get("contest_date"))[:10] <= (until or "9999")]
+            rows = [r for r in rows if in_window(r.get("contest_date"), since, until)]
         return livecodebench_problems(rows)
     raise EvalError(f"unknown code benchmark {name!r}; use humaneval, mbpp or livecodebench")

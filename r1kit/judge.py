@@ -85,8 +85,7 @@ def extract_program(completion: str, extract: str = "last_block", prefilled: boo
 
 
 def _dedent(program: str) -> str:
-    """A program indented as a whole (``<answer> def f...``) dedented; a function body (which
-    follows a prefix) keeps its indentation."""
+    """A program indented as a whole (``<answer> def f...``), dedented; others as they are."""
     return textwrap.dedent(program) if program[:1] in (" ", "\t") else program
 
 

@@ -41,7 +41,6 @@ from r1kit import stages as stage_registry
 from r1kit.config import Recipe, to_dict
 from r1kit.errors import RecipeError
 from r1kit.files import write_atomic
-from r1kit.data import is_local
 from r1kit.training import PACKAGE, package_file
 
 log = logging.getLogger("r1kit")
@@ -128,22 +127,13 @@ def plan(recipe: Recipe, restart_from: str | None = None) -> Plan:
 
 
 def preflight(recipe: Recipe) -> None:
-    """Cheap checks of what the stages will read, so a long run does not fail halfway."""
-    names = {s.name for s in recipe.stages}
-    for stage in recipe.stages:
-        data = getattr(stage, "data", None)
-        sources = [("data.source", data.source)] if data else []
-        sources += [(f"data.also[{i}].source", extra.source) for i, extra in enumerate(getattr(data, "also", []))]
-        for where, source in sources:
-            if source not in names and is_local(source) and not Path(source).is_file():
-                raise RecipeError(f"{recipe.source}: {stage.name}.{where}: no such file {source!r}")
+    """What validation leaves to the run: a ``package:`` model's file (validating needs no package;
+    local files, folders and tasks are checked when the recipe is read, by r1kit.recipe)."""
     if recipe.model.startswith(PACKAGE):
         try:
             package_file(recipe.model)
         except FileNotFoundError as exc:
             raise RecipeError(f"{recipe.source}: model: {exc}") from None
-    elif recipe.model.endswith(".gguf") and not Path(recipe.model).is_file():
-        raise RecipeError(f"{recipe.source}: model: no such file {recipe.model!r}")
 
 
 def run(recipe: Recipe, restart_from: str | None = None) -> dict[str, dict]:

@@ -109,7 +109,7 @@ def _check_sources(recipe: Recipe, names: set[str]) -> None:
 
     def model(where: str, value: str) -> None:
         if value == "tiny" or value.startswith("package:") or value in names:
-            return
+            return  # a package's file is looked for when the run starts (r1kit.pipeline)
         if (looks_local(value) or value.endswith(".gguf")) and not Path(value).expanduser().exists():
             raise RecipeError(f"{where}: no such model folder or file {value!r}")
 

@@ -9,6 +9,8 @@ what its chain of thought says in which script.
 - ``chain_of_thought(text)``: the text inside ``<think>…</think>``; when the completion closes
   ``</think>`` without opening it (the prompt prefilled ``<think>``) the text before it; an
   unclosed ``<think>`` runs to the end; without tags the whole completion.
+- ``opens_think(prompt)``: the rendered prompt ends by opening ``<think>`` (a prefilled
+  reasoning block), so the completion starts inside it.
 - ``target_share(text, language)``: the share of countable words written in the script of
   ``language`` (one of ``SCRIPTS``); the heuristic is described in r1kit.rewards.language.
 
@@ -112,6 +114,11 @@ _COMMAND = re.compile(r"\\[A-Za-z]+")
 # One token per Han/kana character, else a run of letters (\w without digits and underscore).
 _WORD = re.compile(f"[{_HAN}{_KANA}]|[^\\W\\d_{_HAN}{_KANA}]+")
 _SINGLE_LATIN = re.compile(f"[{_LATIN}]")
+
+
+def opens_think(prompt) -> bool:
+    """The rendered prompt (a string; anything else is not one) ends by opening ``<think>``."""
+    return isinstance(prompt, str) and prompt.rstrip().endswith("<think>")
 
 
 def chain_of_thought(text: str) -> str:

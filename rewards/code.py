@@ -22,6 +22,7 @@ from typing import Literal
 from r1kit.errors import RewardError
 from r1kit.judge import CODE_FIELDS, Tests, judge
 from r1kit.sandbox import Limits
+from r1kit.text import opens_think
 
 MODES = ("fraction", "all")
 
@@ -42,7 +43,7 @@ def code_tests(
     values = [columns.get(f) or [None] * n for f in CODE_FIELDS]
     tests = [Tests(**dict(zip(CODE_FIELDS, row))) for row in zip(*values)]
     # A prompt that opened <think> (GRPO passes the rendered prompts) leaves the completion inside it.
-    prefilled = [isinstance(p, str) and p.rstrip().endswith("<think>") for p in columns.get("prompt") or [None] * n]
+    prefilled = [opens_think(p) for p in columns.get("prompt") or [None] * n]
     limits = Limits(wall_s=timeout, cpu_s=timeout, memory_mb=memory_mb)
     verdicts = judge(completions, tests, extract=extract, limits=limits, prefilled=prefilled)
     if mode == "all":

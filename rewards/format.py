@@ -36,7 +36,7 @@ from typing import Literal
 
 from r1kit.errors import RewardError
 from r1kit.judge import FENCE
-from r1kit.text import last_boxed
+from r1kit.text import last_boxed, opens_think
 
 
 def _answered(after: str, answer: str) -> bool:
@@ -100,7 +100,7 @@ def format_reward(
     prompts = columns.get("prompt") or [None] * len(completions)
     scores = []
     for text, prompt in zip(completions, prompts):
-        if prefilled_think or (isinstance(prompt, str) and prompt.rstrip().endswith("<think>")):
+        if prefilled_think or opens_think(prompt):
             text = "<think>" + text
         ok = _lenient(text, answer_format) if mode == "lenient" else _strict(text, answer_format)
         scores.append(1.0 if ok else 0.0)
