@@ -2,9 +2,13 @@
 what its chain of thought says in which script.
 
 - ``extract_answer(text, fallback="none")``: the final answer, trusted in this order: the last
-  ``<answer>…</answer>`` block (the ``\\boxed{}`` inside it, or its only formula when the rest
-  is words: "The answer is $5$." gives ``5``), else the last complete ``\\boxed{…}``/
-  ``\\fbox{…}``, else, with ``fallback="last_number"``, the last number.
+  ``<answer>…</answer>`` block (a "final answer is …" statement after its last box, else its
+  last box group, else its only formula when the rest is words: "The answer is $5$." gives
+  ``5``), else the same in the whole text, else, with ``fallback="last_number"``, the last
+  number. A box group is the last complete ``\\boxed{…}``/``\\fbox{…}`` and the boxes right
+  before it separated only by commas, "and"/"or", spacing, delimiters or labels
+  (``\\boxed{1}, \\boxed{2}``, ``x_1 = \\boxed{2} \\quad x_2 = \\boxed{3}``); several boxes are one
+  list answer ``1, 2``, which math-verify compares as a set.
 - ``last_boxed(text)``: the content of the last complete ``\\boxed{…}``/``\\fbox{…}``.
 - ``chain_of_thought(text)``: the text inside ``<think>…</think>``; when the completion closes
   ``</think>`` without opening it (the prompt prefilled ``<think>``) the text before it; an
@@ -39,24 +43,72 @@ _FORMULA = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re
 _NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|[-+]?\.\d+")
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the last complete ``\\boxed{…}`` or ``\\fbox{…}`` in `text`, or None."""
-    starts = [m.end() - 1 for m in _BOX.finditer(text)]  # positions of the opening "{"
+def _boxes(text: str) -> list[tuple[int, int, int]]:
+    """(start of the command, its "{", its matching "}") of every complete box, by start."""
+    starts = [(m.start(), m.end() - 1) for m in _BOX.finditer(text)]  # and the opening "{"
     if not starts:
-        return None
+        return []
     # One pass from the first box start pairs every brace; a truncated `\boxed{` stays open.
     close: dict[int, int] = {}
     stack: list[int] = []
-    for m in BRACE.finditer(text, starts[0]):
+    for m in BRACE.finditer(text, starts[0][1]):
         if m.group() == "{":
             stack.append(m.start())
         elif stack:
             close[stack.pop()] = m.start()
-    for start in reversed(starts):
-        if start in close:
-            content = text[start + 1 : close[start]].strip()
-            return content or None
-    return None
+    return [(cmd, brace, close[brace]) for cmd, brace in starts if brace in close]
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last complete ``\\boxed{…}`` or ``\\fbox{…}`` in `text`, or None."""
+    boxes = _boxes(text)
+    return (text[boxes[-1][1] + 1 : boxes[-1][2]].strip() or None) if boxes else None
+
+
+# What may stand between two boxes of one answer: spacing, commas, semicolons, "and"/"or" (also
+# a short \text{} that ends with one: "\text{ for part (b) and }"), math delimiters and a label:
+# `\boxed{1}, \boxed{2}`, `$\boxed{1}$ and $\boxed{2}$`, `\boxed{(2, 2)} \quad \text{and} \quad
+# \boxed{(6, 2)}`, `x_1 = \boxed{2}, x_2 = \boxed{3}`.
+_LABEL = r"[A-Za-z](?:_\{?\w{1,3}\}?)?\s*="
+_BETWEEN = re.compile(
+    r"(?:\s|[,;]|\$|\\[()\[\]]|\\[,;:! ]|\\q?quad(?![A-Za-z])|~|\band\b|\bor\b"
+    r"|\\(?:text|mbox|textrm)\{\s*(?:[^{}]{0,30}?(?:\band|\bor|,))?\s*\}|" + _LABEL + r")*"
+)
+
+
+def last_box_group(text: str) -> list[str]:
+    """The contents of the last group of boxes in `text`: the last complete box and those right
+    before it that only `_BETWEEN` text separates from it (a chain of thought that boxes a
+    candidate and moves on in words does not join). Empty when there is no box."""
+    boxes = _boxes(text)
+    if not boxes:
+        return []
+    group = [boxes[-1]]
+    for box in reversed(boxes[:-1]):
+        between = text[box[2] + 1 : group[0][0]]
+        if box[2] > group[0][0] or len(between) > 60 or not _BETWEEN.fullmatch(between):
+            break
+        group.insert(0, box)
+    return [content for _, start, end in group if (content := text[start + 1 : end].strip())]
+
+
+# "The final answer is $X$" after the last box: that statement is the answer (math-verify reads
+# it first too). Its rest of sentence is given as it is, delimiters and all.
+_FINAL = re.compile(r"final answer(?: is|:)\s*:?\s*(.{1,120}?)(?:\s*I hope|\n|$)", re.IGNORECASE | re.DOTALL)
+
+
+def _final_answer(span: str) -> str | None:
+    """The answer of `span`, the text that holds the final answer: a "final answer is" statement
+    after its last box, else its last box group (several boxes: one list ``a, b``), else None."""
+    boxes = _boxes(span)
+    tail = span[boxes[-1][2] + 1 :] if boxes else span
+    statement = None
+    for statement in _FINAL.finditer(tail):
+        pass
+    if statement is not None and _FORMULA.search(statement.group(1)):
+        return statement.group(1).strip().strip('".')
+    group = last_box_group(span)
+    return ", ".join(group) if group else None
 
 
 def _sole_formula(content: str) -> str:
@@ -82,11 +134,11 @@ def extract_answer(text: str, fallback: str = "none") -> str | None:
     if start >= 0:
         content = text[start + len("<answer>") : end].strip()
         if content:
-            boxed = last_boxed(content)
-            return boxed if boxed is not None else _sole_formula(content)
-    boxed = last_boxed(text)
-    if boxed is not None:
-        return boxed
+            final = _final_answer(content)
+            return final if final is not None else _sole_formula(content)
+    final = _final_answer(text)
+    if final is not None:
+        return final
     if fallback == "last_number":
         last = None
         for last in _NUMBER.finditer(text):

@@ -11,7 +11,9 @@ Public names:
   1.0 / 0.0 per completion; ``None`` for the samples whose reference cannot be parsed (logged),
   so a trainer skips them instead of teaching them as wrong.
 - The final answer is found by ``r1kit.text.extract_answer`` (the last ``<answer>`` block, else
-  the last complete ``\\boxed{}``, else with ``fallback="last_number"`` the last number).
+  the last complete ``\\boxed{}`` with the boxes listed right before it, else with
+  ``fallback="last_number"`` the last number). Several boxes (``\\boxed{1}, \\boxed{2}``) are one
+  list answer, compared with the reference as a set.
 - ``equivalent(gold, pred, timeout=5.0) -> bool`` and ``equivalent_batch(pairs, timeout=5.0)``:
   the same verifier on extracted answer strings (e.g. to cluster answers for cons@k). As in
   math-verify the check is not symmetric: the first string plays the reference.
@@ -19,8 +21,9 @@ Public names:
 How an answer is judged. Cheap checks run first in the calling process and answer only when
 certain: strings equal after light normalisation (spacing, ``$…$``, ``\\dfrac``, ``\\left``,
 a whole-string ``\\text{}``) are equal; numbers and fractions with the same exact value
-(``3/4``, ``\\frac{6}{8}``, ``0.75``) are equal; two plain integers (``025``, ``1,450,000``,
-``1{,}450``) are compared as integers, the only check that may say "different". The rest goes
+(``3/4``, ``\\frac{6}{8}``, ``0.75``) are equal; a percentage equals its number and its share
+(``35.0\\%`` is 35 and 0.35); two plain integers (``025``, ``1,450,000``, ``1{,}450``, ``1\\,450``,
+``1 450``) are compared as integers, the only check that may say "different". The rest goes
 to math-verify (``parse`` + ``verify``) in r1kit.rewards.math_pool, whose workers have a hard
 time limit from any thread: a reference parse or an answer check that takes longer than
 ``timeout`` seconds has its worker killed and replaced; the answer scores 0.0 (the reference's
@@ -57,6 +60,8 @@ logger = logging.getLogger(__name__)
 _SPACING = re.compile(r"\\[,;:! ]|~")
 _TEXT_WRAP = re.compile(r"\\(?:text|textbf|textrm|mathrm|mbox)\{([^{}]*)\}")
 _INTEGER = re.compile(r"([-+]?)(\d{1,3}(?:,\d{3})+|\d+)")
+_SPACED = re.compile(r"[-+]?\d{1,3}(?: \d{3})+")
+_PERCENT = re.compile(r"(.+?)\s*\\?%")
 _DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 
 
@@ -70,7 +75,10 @@ def _normalise(s: str) -> str:
             break
     s = re.sub(r"\\[dt]frac(?![a-zA-Z])", r"\\frac", s)
     s = re.sub(r"\\(?:left|right)(?![a-zA-Z])", "", s)
-    s = re.sub(r"(?<=\d)(?:\{,\}|\\,)(?=\d{3}(?!\d))", ",", s)  # 1{,}450 and 1\,450 are 1,450
+    # 1{,}450, 1\,450, 1\ 450, 1~450 and 1 450 (thin spaces too) are 1,450.
+    s = re.sub(r"(?<=\d)(?:\{,\}|\\[, ]|~|[\u2009\u202f])(?=\d{3}(?!\d))", ",", s)
+    if _SPACED.fullmatch(s):
+        s = s.replace(" ", ",")
     s = _SPACING.sub(" ", s)
     wrapped = _TEXT_WRAP.fullmatch(s)
     if wrapped:
@@ -112,6 +120,12 @@ def _as_rational(s: str) -> Fraction | None:
     return -value if m["sign"] == "-" else value
 
 
+def _as_percent(s: str) -> Fraction | None:
+    """The number of a plain percentage (``35.0\\%`` -> 35), else None."""
+    m = _PERCENT.fullmatch(s)
+    return _as_rational(m.group(1)) if m else None
+
+
 def _fast_verdict(ref_norm: str, ref_int: str | None, pred: str) -> bool | None:
     pred_norm = _normalise(pred)
     if pred_norm and pred_norm == ref_norm:
@@ -121,9 +135,14 @@ def _fast_verdict(ref_norm: str, ref_int: str | None, pred: str) -> bool | None:
         return ref_int == pred_int
     # Equal exact values are equal for math-verify too; unequal ones may still match there
     # (it rounds decimals to 6 places), so only "equal" is answered here.
-    ref_value = _as_rational(ref_norm)
-    if ref_value is not None and ref_value == _as_rational(pred_norm):
+    ref_value, pred_value = _as_rational(ref_norm), _as_rational(pred_norm)
+    if ref_value is not None and ref_value == pred_value:
         return True
+    # A percentage is its number or its share, on either side: 35.0\% is 35 and 0.35 (math-verify
+    # takes whole percentages only).
+    for percent, other in ((_as_percent(pred_norm), ref_value), (_as_percent(ref_norm), pred_value)):
+        if percent is not None and other is not None and other in (percent, percent / 100):
+            return True
     return None  # not certain: ask math-verify
 
 
@@ -210,6 +229,9 @@ def math_accuracy(
     refs = [None if r is None else str(r) for r in columns[answer_column]]
     answers = [extract_answer(c, fallback) for c in completions]
     return [None if v is None else float(v) for v in _judge(refs, answers, timeout)]
+
+
+math_accuracy.bounds = (0.0, 1.0)
 
 
 def equivalent_batch(pairs: list[tuple[str, str]], timeout: float = 5.0) -> list[bool]:

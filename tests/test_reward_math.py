@@ -134,6 +134,52 @@ def test_extract_answer_order_of_trust():
     assert last_boxed("\\boxed{}") is None
 
 
+# Answers as real models write them (several boxes, decimal percentages, number formats), each
+# wrapped as an R1 answer; and the counter-cases that must stay wrong.
+WRITTEN = [
+    ("(2, 2), (6, 2)", "\\boxed{(2, 2)} \\quad \\text{and} \\quad \\boxed{(6, 2)}", 1.0),
+    ("\\{1,2,3\\}", "\\boxed{1}, \\boxed{2}, \\boxed{3}", 1.0),
+    ("\\{1,2,3\\}", "$\\boxed{3}$ and $\\boxed{1}$ and $\\boxed{2}$", 1.0),
+    ("(3, 3), (1, 1)", "$$\\boxed{(3, 3)} \\text{ for part (a) and } \\boxed{(1, 1)}$$", 1.0),
+    ("x=2, y=3", "x = \\boxed{2}, \\quad y = \\boxed{3}", 1.0),
+    ("\\{1,2,3\\}", "\\boxed{1}, \\boxed{2}, \\boxed{4}", 0.0),  # a wrong box among the listed ones
+    ("\\{1,2,3\\}", "\\boxed{1}, \\boxed{2}", 0.0),  # one missing
+    ("5", "\\boxed{3} or \\boxed{5}", 0.0),  # hedging between two boxes is a set, not the answer
+    ("35", "\\boxed{35.0\\%}", 1.0),
+    ("35", "35.0\\%", 1.0),
+    ("0.35", "\\boxed{35.0 \\%}", 1.0),
+    ("35\\%", "35.0", 1.0),
+    ("35", "\\boxed{35.5\\%}", 0.0),
+    ("35", "\\boxed{36.0\\%}", 0.0),
+    ("1000", "\\boxed{1 000}", 1.0),
+    ("1000", "1\\,000", 1.0),
+    ("1000", "1\\ 000", 1.0),
+    ("1000", "1~000", 1.0),
+    ("1000", "1\u2009000", 1.0),
+    ("1234567", "1 234 567", 1.0),
+    ("12", "1 2", 0.0),  # a space is a thousands separator only before groups of three digits
+    ("1000", "1 000", 1.0),
+    ("1000", "10 00", 0.0),
+    ("1.22", "1,22", 0.0),  # a comma that may be a decimal comma is read as a list, as before
+]
+
+
+@pytest.mark.parametrize("gold, pred, expected", WRITTEN)
+def test_answers_as_models_write_them(gold, pred, expected):
+    assert math_accuracy([f"<think>...</think> <answer>{pred}</answer>"], answer=[gold]) == [expected]
+
+
+def test_candidate_boxes_in_a_chain_of_thought_are_not_a_list():
+    scattered = "Is it \\boxed{3}? Checking: 3 fails. Then \\boxed{4}? Also fails. So the answer is \\boxed{5}."
+    assert extract_answer(scattered) == "5"
+    assert math_accuracy([scattered, scattered], answer=["5", "3, 4, 5"]) == [1.0, 0.0]
+    assert extract_answer("<think>\\boxed{1}, \\boxed{2}</think><answer>\\boxed{2}</answer>") == "2"
+    # Inside the answer, a "final answer is" statement after the last box is the answer.
+    worked = "<answer>Interest: $\\boxed{200}$, then $\\boxed{255}$. The final answer is $10,455$. I hope it is correct.</answer>"
+    assert math_accuracy([worked], answer=["10455"]) == [1.0]
+    assert extract_answer("\\boxed{1}, \\boxed{2} and \\boxed{3}") == "1, 2, 3"
+
+
 def test_extract_answer_rejects_unknown_fallback():
     with pytest.raises(RewardError, match="fallback must be one of"):
         extract_answer("x", fallback="last")
