@@ -26,6 +26,10 @@ repository's ``rewards/`` folder installed as the package ``r1kit.rewards``, reg
 see pyproject.toml), or by a ``"package.module:function"`` string for code that is not installed
 as a package: a module in the current directory or beside the recipe file is found.
 
+A reward may declare the range of its scores as a function attribute, ``my_reward.bounds = (0.0,
+1.0)``: a rejection stage whose ``min_total`` its rewards can never reach is then refused at
+validate time.
+
 A reward that raises, or returns anything but one number or None per completion, stops the run
 with a one-line RewardError naming the reward, the error and where it was raised (the traceback
 is logged at debug level).
@@ -287,6 +291,18 @@ def for_trl(reward: Reward) -> Callable[..., list[float | None]]:
 def score(rewards: list[Reward], completions: list[str], **columns) -> dict[str, list[float | None]]:
     """Every reward's scores for one batch, by reward name."""
     return {r.name: r(completions, **columns) for r in rewards}
+
+
+def best_total(rewards: list[Reward]) -> float | None:
+    """The highest weighted total a sample can reach, when every reward declares its range (a
+    ``bounds = (low, high)`` attribute on the function, as the built-ins do); else None."""
+    best = 0.0
+    for r in rewards:
+        bounds = getattr(r.fn, "bounds", None)
+        if bounds is None:
+            return None
+        best += max(0.0, r.weight * bounds[0], r.weight * bounds[1])  # a None score adds nothing
+    return best
 
 
 def weighted_total(scores: dict[str, list[float | None]], rewards: list[Reward]) -> list[float]:

@@ -105,3 +105,6 @@ def format_reward(
         ok = _lenient(text, answer_format) if mode == "lenient" else _strict(text, answer_format)
         scores.append(1.0 if ok else 0.0)
     return scores
+
+
+format_reward.bounds = (0.0, 1.0)

@@ -38,3 +38,6 @@ def language_consistency(completions: list[str], *, language: str = "en", **colu
     if language not in SCRIPTS:
         raise RewardError(f"language_consistency: language must be one of {sorted(SCRIPTS)}, got {language!r}")
     return [target_share(chain_of_thought(c), language) for c in completions]
+
+
+language_consistency.bounds = (0.0, 1.0)

@@ -28,3 +28,6 @@ def overlong_penalty(completions: list[str], *, max_length: int = 20480, cache: 
         else:
             out.append(-1.0)
     return out
+
+
+overlong_penalty.bounds = (-1.0, 0.0)

@@ -160,3 +160,19 @@ def test_summary_records_a_task_benchmarks_arguments(tmp_path):
     summary = ev.score_completions(bench, completions, tmp_path / "o")
     assert summary["task_args"] == {"n": 2, "digits": 2, "seed": 0, "direct": 0.0}
     assert json.loads((tmp_path / "o" / "summary.json").read_text())["task_args"] == summary["task_args"]
+
+
+def test_a_rejection_threshold_no_sample_can_reach_is_refused(write_recipe, tmp_path, capsys):
+    rewards = [{"name": "math_accuracy"}, {"name": "format", "weight": 0.5}, {"name": "overlong_penalty", "weight": 2.0}]
+    path = write_recipe({"model": "tiny", "stages": [{**REJECTION, "rewards": rewards, "min_total": 1.6}]})
+    for argv in (["validate", str(path)], ["run", str(path)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "rs.min_total: 1.6 can never be reached: with these weights a sample scores at most 1.5" in err
+    assert not (tmp_path / "run").exists()
+    path = write_recipe({"model": "tiny", "stages": [{**REJECTION, "rewards": rewards, "min_total": 1.5}]})
+    assert main(["validate", str(path)]) == 0  # reachable: a right, well-formatted, short answer
+    # A reward that declares no range could score anything: nothing is refused.
+    (tmp_path / "unbounded.py").write_text("def any_score(completions, **columns):\n    return [5.0] * len(completions)\n")
+    path = write_recipe({"model": "tiny", "stages": [{**REJECTION, "rewards": [{"name": "unbounded:any_score"}], "min_total": 3.0}]})
+    assert main(["validate", str(path)]) == 0

@@ -124,6 +124,12 @@ def check(stage: RejectionStage) -> None:
     from r1kit.text import SCRIPTS
 
     stage.check_prompting("a rejection stage needs at least one reward to verify samples")
+    best = reward_registry.best_total(reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards"))
+    if best is not None and stage.min_total > best:
+        raise RecipeError(
+            f"{stage.name}.min_total: {stage.min_total:g} can never be reached: with these weights a sample scores at most "
+            f"{best:g}; lower min_total or raise a reward's weight"
+        )
     for key in ("samples", "chunk_prompts"):
         if getattr(stage, key) < 1:
             raise RecipeError(f"{stage.name}.{key}: must be at least 1, got {getattr(stage, key)}")
