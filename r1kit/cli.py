@@ -1,7 +1,7 @@
 """The `r1kit` command line.
 
     r1kit run RECIPE [KEY=VALUE ...] [--restart-from STAGE]   run (or resume) an experiment
-    r1kit validate RECIPE [KEY=VALUE ...]                     check a recipe, write nothing
+    r1kit validate RECIPE [KEY=VALUE ...] [--here]            check a recipe, write nothing
     r1kit tiny-model OUTDIR                                   build the offline tiny model
     r1kit rewards list                                        registered rewards and parameters
     r1kit rewards score NAME [--input F] [--output F] [--param K=V ...]

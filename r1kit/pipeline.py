@@ -128,8 +128,8 @@ def plan(recipe: Recipe, restart_from: str | None = None) -> Plan:
 
 def machine_problems(recipe: Recipe) -> list[str]:
     """What this machine lacks to run `recipe`, one line each (``FILE: key.path: what to change``):
-    a ``package:`` model's package or file, vLLM for ``backend: vllm``, and a CUDA GPU (and vLLM)
-    for a GRPO stage's ``use_vllm``. `r1kit validate` prints these as notes (a recipe may be
+    a ``package:`` model's package or file, vLLM for ``backend: vllm``, a CUDA GPU (and vLLM)
+    for a GRPO stage's ``use_vllm``, and a CUDA GPU (and bitsandbytes) for ``quantization:``. `r1kit validate` prints these as notes (a recipe may be
     written for another machine; ``--here`` refuses them), `run` refuses them before the first
     stage. Everything about the recipe itself is checked when it is read (r1kit.recipe)."""
     from r1kit.sampling import vllm_available
@@ -157,6 +157,16 @@ def machine_problems(recipe: Recipe) -> list[str]:
                 )
             elif not vllm_available():
                 problems.append(f"{stage.name}.trainer.use_vllm: vllm is not installed here (pip install vllm), or set use_vllm: false")
+        if getattr(stage, "quantization", None) is not None:
+            import importlib.util
+
+            if not has_gpu():
+                problems.append(
+                    f"{stage.name}.quantization: 4- and 8-bit weights (bitsandbytes) need a CUDA GPU, and this machine has none; "
+                    "remove the quantization block to train LoRA on full-precision weights"
+                )
+            elif importlib.util.find_spec("bitsandbytes") is None:
+                problems.append(f"{stage.name}.quantization: bitsandbytes is not installed here (pip install 'r1kit[qlora]')")
     return [f"{recipe.source}: {p}" for p in problems]
 
 

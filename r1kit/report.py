@@ -1,7 +1,8 @@
 """The run report: one markdown page and a few plots for a finished (or partly finished) run.
 
-    output_dir/report.md          stages with wall time; accuracy after each evaluated stage; the
-                                  share of each grpo stage's wall time spent in its rewards
+    output_dir/report.md          stages with wall time and trained parameters; accuracy after
+                                  each evaluated stage; the share of each grpo stage's wall time
+                                  spent in its rewards
     output_dir/plots/<stage>.png  reward, per-reward accuracy and completion length over RL steps
 
 `write_report(recipe, records)` is called by `r1kit run` at the end of a run (main process only)
@@ -69,12 +70,18 @@ def pass_at_1_table(rows: list[dict]) -> str:
 
 
 def stage_table(recipe, records: dict[str, dict]) -> str:
-    lines = ["| stage | kind | wall time (s) |", "|---|---|---|"]
+    """Each stage's wall time, and the parameters a training stage trained (LoRA: the adapter's)."""
+    lines = ["| stage | kind | trained parameters | wall time (s) |", "|---|---|---|---|"]
     for stage in recipe.stages:
         record = records.get(stage.name)
-        lines.append(f"| {stage.name} | {stage.kind} | {record['wall_s']:.1f} |" if record else f"| {stage.name} | {stage.kind} | not run |")
+        if not record:
+            lines.append(f"| {stage.name} | {stage.kind} | | not run |")
+            continue
+        metrics = record["metrics"]
+        sizes = f"{metrics['trainable_params']:,} of {metrics['total_params']:,}" if "trainable_params" in metrics else "-"
+        lines.append(f"| {stage.name} | {stage.kind} | {sizes} | {record['wall_s']:.1f} |")
     total = sum(r["wall_s"] for r in records.values())
-    lines.append(f"| **total** | | {total:.1f} |")
+    lines.append(f"| **total** | | | {total:.1f} |")
     return "\n".join(lines)
 
 

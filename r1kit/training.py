@@ -156,6 +156,10 @@ def train_and_save(trainer, ctx) -> str:
     if checkpoint:
         log.info("%s: resuming from %s", ctx.stage.name, checkpoint)
     trainer.train(resume_from_checkpoint=checkpoint)
+    if getattr(ctx.stage, "peft", None) is not None:
+        from r1kit.lora import save_merged
+
+        return save_merged(trainer, ctx)
     out = ctx.dir / "model"
     trainer.save_model(str(out))
     if ctx.is_main:

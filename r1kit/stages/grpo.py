@@ -30,7 +30,8 @@ Defaults follow the DeepSeek-R1 paper rather than TRL: ``loss_type: grpo`` and `
 (a reference model, KL by the k3 estimator). The DAPO and Dr. GRPO variants are opt-in through
 ``loss_type`` / ``beta`` / ``epsilon_high`` / ``scale_rewards`` and ``dynamic_sampling`` (see the
 variant recipes). On a GPU, ``use_vllm: true`` generates with vLLM (colocated, or ``vllm_mode:
-server``); without one, TRL generates with transformers.
+server``); without one, TRL generates with transformers. With ``peft:`` the stage trains a LoRA
+adapter (TRL syncs the merged weights into vLLM) and hands on the merged model (r1kit.lora).
 
 Not here: the reward functions themselves (rewards/), or any loss of r1kit's own: TRL computes it.
 """
@@ -43,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from r1kit import data as data_lib
+from r1kit import lora
 from r1kit import reward_registry
 from r1kit import templates
 from r1kit.config import PromptStageConfig
@@ -56,7 +58,7 @@ PAPER_DEFAULTS = {"loss_type": "grpo", "beta": 0.001, "logging_steps": 1}
 
 
 @dataclass(kw_only=True)
-class GRPOStage(PromptStageConfig):
+class GRPOStage(PromptStageConfig, lora.LoraFields):
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: drop groups whose rewards are all equal and refill the batch."""
     dynamic_sampling_max_rounds: int = 3
@@ -69,6 +71,7 @@ def check(stage: GRPOStage) -> None:
     stage.check_prompting("a grpo stage needs at least one reward")
     if "reward_weights" in stage.trainer:
         raise RecipeError(f"{stage.name}.trainer.reward_weights: set weights in the rewards list instead")
+    lora.check(stage)
 
 
 def prompt_rows(ctx: StageContext, tokenizer):
@@ -86,7 +89,7 @@ def prompt_rows(ctx: StageContext, tokenizer):
 
 
 def run(ctx: StageContext) -> StageResult:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     from r1kit.dynamic_sampling import DynamicSamplingGRPOTrainer
@@ -96,7 +99,7 @@ def run(ctx: StageContext) -> StageResult:
     tokenizer = AutoTokenizer.from_pretrained(ctx.model, padding_side="left")
     rows = prompt_rows(ctx, tokenizer)
     args = trainer_args(GRPOConfig, ctx, **trainer_defaults(stage))
-    model = AutoModelForCausalLM.from_pretrained(ctx.model, dtype="auto")
+    model = lora.load_model(stage, ctx.model)
     checkpoint = last_checkpoint(ctx)
     metrics_path = ctx.dir / "metrics.jsonl"
     clock = RewardClock()
@@ -107,14 +110,16 @@ def run(ctx: StageContext) -> StageResult:
         train_dataset=rows,
         processing_class=tokenizer,
         callbacks=[make_metrics_log(metrics_path, checkpoint_step(checkpoint) if checkpoint else None, ctx.is_main)],
+        peft_config=lora.lora_config(stage),
     )
     if stage.dynamic_sampling:
         trainer = DynamicSamplingGRPOTrainer(**kwargs, max_rounds=stage.dynamic_sampling_max_rounds)
     else:
         trainer = GRPOTrainer(**kwargs)
     trainer.add_callback(clock.log_steps(trainer))
+    sizes = lora.parameters(trainer.model)
     out = train_and_save(trainer, ctx)
-    return StageResult(model=out, metrics=summarize(read_metrics(metrics_path), rewards) | clock.totals())
+    return StageResult(model=out, metrics=sizes | summarize(read_metrics(metrics_path), rewards) | clock.totals())
 
 
 class RewardClock:

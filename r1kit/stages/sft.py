@@ -10,7 +10,10 @@ the completion only (TRL's completion-only loss). Column names come from the ``d
 The trained model is saved to ``<stage>/model`` and handed to the next stage; checkpoints go to
 ``<stage>/checkpoints`` and an interrupted stage resumes from the last one.
 
-Not here: packing heuristics, LoRA defaults or custom losses; set SFTConfig fields for those.
+With ``peft:`` (and optionally ``quantization:``) the stage trains a LoRA adapter and hands on
+the merged model (see r1kit.lora).
+
+Not here: packing heuristics or custom losses; set SFTConfig fields for those.
 """
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from r1kit import data as data_lib
+from r1kit import lora
 from r1kit.config import DataConfig, StageConfig
 from r1kit.stages.base import StageContext, StageKind, StageResult
 from r1kit.training import checkpoint_step, last_checkpoint, make_metrics_log, read_metrics, trainer_args, train_and_save
 
 
 @dataclass(kw_only=True)
-class SFTStage(StageConfig):
+class SFTStage(StageConfig, lora.LoraFields):
     data: DataConfig
     """Training rows: `messages` conversations, or `prompt` + `completion` pairs."""
     format: Literal["auto", "messages", "prompt_completion"] = "auto"
@@ -53,20 +57,23 @@ def _training_rows(ctx: StageContext):
 
 
 def run(ctx: StageContext) -> StageResult:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
     rows = _training_rows(ctx)
     args = trainer_args(SFTConfig, ctx, **DEFAULTS)
     tokenizer = AutoTokenizer.from_pretrained(ctx.model)
-    model = AutoModelForCausalLM.from_pretrained(ctx.model, dtype="auto")
+    model = lora.load_model(ctx.stage, ctx.model)
     checkpoint = last_checkpoint(ctx)
     metrics_path = ctx.dir / "metrics.jsonl"
     callback = make_metrics_log(metrics_path, checkpoint_step(checkpoint) if checkpoint else None, ctx.is_main)
-    trainer = SFTTrainer(model=model, args=args, train_dataset=rows, processing_class=tokenizer, callbacks=[callback])
+    trainer = SFTTrainer(
+        model=model, args=args, train_dataset=rows, processing_class=tokenizer, callbacks=[callback], peft_config=lora.lora_config(ctx.stage)
+    )
+    sizes = lora.parameters(trainer.model)
     out = train_and_save(trainer, ctx)
     losses = [r["loss"] for r in read_metrics(metrics_path) if "loss" in r]
-    metrics = {"rows": len(rows)}
+    metrics = {"rows": len(rows), **sizes}
     if losses:
         metrics |= {"first_loss": losses[0], "last_loss": losses[-1]}
     return StageResult(model=out, metrics=metrics)
@@ -75,5 +82,5 @@ def run(ctx: StageContext) -> StageResult:
 DEFAULTS = {"logging_steps": 10}
 
 STAGE = StageKind(
-    config=SFTStage, run=run, trainer_config=lambda: __import__("trl").SFTConfig, trainer_defaults=lambda stage: DEFAULTS
+    config=SFTStage, run=run, trainer_config=lambda: __import__("trl").SFTConfig, check=lora.check, trainer_defaults=lambda stage: DEFAULTS
 )

@@ -1,0 +1,135 @@
+"""LoRA and QLoRA for the training stages (``sft``, ``grpo``): the ``peft:`` and ``quantization:`` blocks.
+
+    - name: rl
+      kind: grpo
+      peft: {r: 16, lora_alpha: 32}                  # peft.LoraConfig fields, as they are
+      quantization: {load_in_4bit: true, bnb_4bit_quant_type: nf4}   # transformers.BitsAndBytesConfig
+
+- A stage with ``peft:`` (an empty mapping is enough) trains a fresh LoRA adapter on its start
+  model through the trainer's ``peft_config``. r1kit's defaults, under the recipe's fields:
+  ``task_type: CAUSAL_LM`` and ``target_modules: all-linear`` (every linear layer, MLPs
+  included: "LoRA Without Regret", Schulman et al. 2025, finds attention-only LoRA falls
+  behind full fine-tuning). The fields are checked like ``trainer:`` fields, and
+  ``peft.LoraConfig`` is built at validate time so its own checks run before any compute.
+- When the stage ends, its adapter is saved to ``<stage>/adapter`` and merged into the weights
+  (in place; after QLoRA into a full-precision copy of the start model), saved as
+  ``<stage>/model``: the next stage, rejection
+  sampling, evaluation and vLLM take that folder as any model, and a later LoRA stage starts a
+  new adapter on it. A resumed stage continues from its newest adapter checkpoint (the
+  trainer's own resume).
+- ``quantization:`` loads the frozen base weights in 4 or 8 bits (bitsandbytes; QLoRA with
+  ``load_in_4bit``). It needs ``peft:`` (quantized weights are not trained) and a CUDA GPU:
+  r1kit.pipeline refuses it on other machines before the run starts.
+- `parameters(model)`: trainable and total parameter counts, which every training stage
+  records (``trainable_params``, ``total_params``) for the run report.
+
+Not here: PEFT methods other than LoRA, and adapter-only hand-off (later stages take merged
+folders, so nothing downstream needs peft).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from r1kit.errors import RecipeError, suggest
+
+log = logging.getLogger("r1kit")
+
+DEFAULTS: dict[str, Any] = {"task_type": "CAUSAL_LM", "target_modules": "all-linear"}
+
+
+def check(stage) -> None:
+    """Check a stage's ``peft:`` and ``quantization:`` blocks (names, types and the libraries'
+    own consistency checks); converts them in place."""
+    from r1kit.config import check_trainer_block
+
+    if stage.peft is not None:
+        from peft import LoraConfig
+
+        stage.peft = check_trainer_block(LoraConfig, stage.peft, f"{stage.name}.peft")
+        try:
+            lora_config(stage)
+        except (ValueError, TypeError) as exc:
+            raise RecipeError(f"{stage.name}.peft: {' '.join(str(exc).split())}") from None
+    if stage.quantization is not None:
+        if stage.peft is None:
+            raise RecipeError(f"{stage.name}.quantization: quantized weights are frozen; add a peft: block to train a LoRA adapter on them")
+        if not isinstance(stage.quantization, dict):
+            raise RecipeError(f"{stage.name}.quantization: expected a mapping of transformers.BitsAndBytesConfig fields")
+        from transformers import BitsAndBytesConfig
+
+        names = [p for p in inspect.signature(BitsAndBytesConfig.__init__).parameters if p not in ("self", "kwargs")]
+        for key in stage.quantization:
+            if key not in names:
+                raise RecipeError(f"{stage.name}.quantization: {key!r} is not a field of transformers.BitsAndBytesConfig{suggest(str(key), names)}")
+        if not (stage.quantization.get("load_in_4bit") or stage.quantization.get("load_in_8bit")):
+            raise RecipeError(f"{stage.name}.quantization: set load_in_4bit: true (QLoRA) or load_in_8bit: true")
+        try:
+            BitsAndBytesConfig(**stage.quantization)
+        except (ValueError, TypeError) as exc:
+            raise RecipeError(f"{stage.name}.quantization: {' '.join(str(exc).split())}") from None
+
+
+def lora_config(stage):
+    """The stage's `peft.LoraConfig` (r1kit's defaults under the recipe's fields), or None."""
+    if stage.peft is None:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(**{**DEFAULTS, **stage.peft})
+
+
+def load_model(stage, model: str):
+    """The stage's start model: full weights, or quantized base weights for QLoRA."""
+    from transformers import AutoModelForCausalLM
+
+    if stage.quantization is None:
+        return AutoModelForCausalLM.from_pretrained(model, dtype="auto")
+    from transformers import BitsAndBytesConfig
+    from trl import get_kbit_device_map
+
+    quantization = BitsAndBytesConfig(**stage.quantization)
+    return AutoModelForCausalLM.from_pretrained(model, dtype="auto", quantization_config=quantization, device_map=get_kbit_device_map())
+
+
+def parameters(model) -> dict[str, int]:
+    """Trainable and total parameters of `model` (a LoRA model counts its frozen base too)."""
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    return {"trainable_params": trainable, "total_params": total}
+
+
+def save_merged(trainer, ctx) -> str:
+    """Save the trained adapter to ``<stage>/adapter`` and the start model with it merged to
+    ``<stage>/model`` (main process); returns the model folder."""
+    adapter, out = ctx.dir / "adapter", ctx.dir / "model"
+    trainer.save_model(str(adapter))
+    if ctx.is_main:
+        import torch
+
+        with torch.no_grad():
+            if ctx.stage.quantization is None:  # merged in place: no second copy of the weights
+                merged = trainer.accelerator.unwrap_model(trainer.model).merge_and_unload()
+            else:  # QLoRA: into the start model's own full-precision weights, not the 4-bit copy
+                from peft import PeftModel
+                from transformers import AutoModelForCausalLM
+
+                base = AutoModelForCausalLM.from_pretrained(ctx.model, dtype="auto", device_map="cpu")
+                merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
+        merged.save_pretrained(str(out))
+        trainer.processing_class.save_pretrained(str(out))
+        log.info("%s: adapter in %s, merged model in %s", ctx.stage.name, adapter, out)
+    return str(out)
+
+
+@dataclass(kw_only=True)
+class LoraFields:
+    """The recipe fields of a stage that can train a LoRA adapter (sft, grpo)."""
+
+    peft: dict[str, Any] | None = None
+    """Fields of peft.LoraConfig: train a LoRA adapter instead of every weight (see r1kit.lora)."""
+    quantization: dict[str, Any] | None = None
+    """Fields of transformers.BitsAndBytesConfig: 4- or 8-bit base weights under the adapter (CUDA only)."""
