@@ -79,11 +79,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3)
     args = p.parse_args()
 
-    from r1kit.gguf import convert_gguf
-    from r1kit.training import package_file
-
     work = Path(tempfile.mkdtemp(prefix="lora_memory_"))
-    convert_gguf(str(package_file(MODEL)), work / "model")
+    # Converted in a child too: Linux carries a process's peak RSS across exec, so a child forked
+    # from a parent that had loaded the model would report at least the parent's peak.
+    convert = f"from r1kit.gguf import convert_gguf; from r1kit.training import package_file; convert_gguf(str(package_file({MODEL!r})), {str(work / 'model')!r})"
+    subprocess.run([sys.executable, "-c", convert], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     sides = {"full": None, "lora": {"r": 16, "lora_alpha": 32}}
     figures = {}
     for name, peft in sides.items():
