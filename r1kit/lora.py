@@ -5,14 +5,15 @@
       peft: {r: 16, lora_alpha: 32}                  # peft.LoraConfig fields, as they are
       quantization: {load_in_4bit: true, bnb_4bit_quant_type: nf4}   # transformers.BitsAndBytesConfig
 
-- A stage with ``peft:`` (an empty mapping is enough) trains a fresh LoRA adapter on its start
+- A stage with ``peft:`` (an empty mapping ``peft: {}`` is enough; a bare ``peft:`` is null, which
+  means no adapter) trains a fresh LoRA adapter on its start
   model through the trainer's ``peft_config``. r1kit's defaults, under the recipe's fields:
   ``task_type: CAUSAL_LM`` and ``target_modules: all-linear`` (every linear layer, MLPs
   included: "LoRA Without Regret", Schulman et al. 2025, finds attention-only LoRA falls
   behind full fine-tuning). The fields are checked like ``trainer:`` fields, and
   ``peft.LoraConfig`` is built at validate time so its own checks run before any compute.
-- When the stage ends, its adapter is saved to ``<stage>/adapter`` and merged into the weights
-  (in place; after QLoRA into a full-precision copy of the start model), saved as
+- When the stage ends, its adapter is saved to ``<stage>/adapter`` and merged into a fresh
+  copy of the start model's own weights (full precision after QLoRA too), saved as
   ``<stage>/model``: the next stage, rejection
   sampling, evaluation and vLLM take that folder as any model, and a later LoRA stage starts a
   new adapter on it. A resumed stage continues from its newest adapter checkpoint (the
@@ -69,7 +70,7 @@ def check(stage) -> None:
             raise RecipeError(f"{stage.name}.quantization: set load_in_4bit: true (QLoRA) or load_in_8bit: true")
         try:
             BitsAndBytesConfig(**stage.quantization)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, AttributeError) as exc:  # AttributeError: a dtype name torch lacks
             raise RecipeError(f"{stage.name}.quantization: {' '.join(str(exc).split())}") from None
 
 
@@ -96,10 +97,13 @@ def load_model(stage, model: str):
 
 
 def parameters(model) -> dict[str, int]:
-    """Trainable and total parameters of `model` (a LoRA model counts its frozen base too)."""
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in model.parameters())
-    return {"trainable_params": trainable, "total_params": total}
+    """Trainable and total parameters of `model` (a LoRA model counts its frozen base too; peft's
+    own count unpacks 4-bit weights, and a ZeRO-3 partitioned parameter counts whole)."""
+    if hasattr(model, "get_nb_trainable_parameters"):
+        trainable, total = model.get_nb_trainable_parameters()
+        return {"trainable_params": int(trainable), "total_params": int(total)}
+    sizes = [(getattr(p, "ds_numel", p.numel()), p.requires_grad) for p in model.parameters()]
+    return {"trainable_params": sum(n for n, grad in sizes if grad), "total_params": sum(n for n, _ in sizes)}
 
 
 def save_merged(trainer, ctx) -> str:
@@ -109,16 +113,15 @@ def save_merged(trainer, ctx) -> str:
     trainer.save_model(str(adapter))
     if ctx.is_main:
         import torch
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
 
+        # Merged from the saved adapter into the start model's own weights, loaded afresh on the
+        # CPU in their own precision: right after QLoRA (not the 4-bit copy) and under ZeRO-3 or
+        # FSDP (where this process holds only a shard of the trained model).
+        base = AutoModelForCausalLM.from_pretrained(ctx.model, dtype="auto", device_map="cpu")
         with torch.no_grad():
-            if ctx.stage.quantization is None:  # merged in place: no second copy of the weights
-                merged = trainer.accelerator.unwrap_model(trainer.model).merge_and_unload()
-            else:  # QLoRA: into the start model's own full-precision weights, not the 4-bit copy
-                from peft import PeftModel
-                from transformers import AutoModelForCausalLM
-
-                base = AutoModelForCausalLM.from_pretrained(ctx.model, dtype="auto", device_map="cpu")
-                merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
+            merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
         merged.save_pretrained(str(out))
         trainer.processing_class.save_pretrained(str(out))
         log.info("%s: adapter in %s, merged model in %s", ctx.stage.name, adapter, out)

@@ -212,7 +212,12 @@ def check(name: str, args: dict) -> None:
 
 
 def arguments(name: str, args: dict) -> dict:
-    """Every argument that decides task `name`'s problems (but the split), defaults filled in."""
+    """Every argument that decides the problems of benchmark ``task:NAME`` (always its test split),
+    the task's defaults filled in (for mix: its own seed; each part's arguments as given)."""
+    from r1kit.errors import DataError
+
+    if "split" in args:
+        raise DataError(f"task:{name}: split: a task benchmark is always the task's test split; remove it")
     check(name, args)
     bound = inspect.signature(TASKS[name]).bind_partial(**args)
     bound.apply_defaults()

@@ -72,7 +72,7 @@ def last_boxed(text: str) -> str | None:
 _LABEL = r"[A-Za-z](?:_\{?\w{1,3}\}?)?\s*="
 _BETWEEN = re.compile(
     r"(?:\s|[,;]|\$|\\[()\[\]]|\\[,;:! ]|\\q?quad(?![A-Za-z])|~|\band\b|\bor\b"
-    r"|\\(?:text|mbox|textrm)\{\s*(?:[^{}]{0,30}?(?:\band|\bor|,))?\s*\}|" + _LABEL + r")*"
+    r"|\\(?:text|mbox|textrm)\{\s*(?:[^{}]{0,30}?\b(?:and|or))?\s*,?\s*\}|" + _LABEL + r")*"
 )
 
 
@@ -86,7 +86,8 @@ def last_box_group(text: str) -> list[str]:
     group = [boxes[-1]]
     for box in reversed(boxes[:-1]):
         between = text[box[2] + 1 : group[0][0]]
-        if box[2] > group[0][0] or len(between) > 60 or not _BETWEEN.fullmatch(between):
+        # A blank line between two boxes ends a group: a new paragraph is a new attempt.
+        if box[2] > group[0][0] or len(between) > 60 or re.search(r"\n\s*\n", between) or not _BETWEEN.fullmatch(between):
             break
         group.insert(0, box)
     return [content for _, start, end in group if (content := text[start + 1 : end].strip())]
@@ -94,7 +95,7 @@ def last_box_group(text: str) -> list[str]:
 
 # "The final answer is $X$" after the last box: that statement is the answer (math-verify reads
 # it first too). Its rest of sentence is given as it is, delimiters and all.
-_FINAL = re.compile(r"final answer(?: is|:)\s*:?\s*(.{1,120}?)(?:\s*I hope|\n|$)", re.IGNORECASE | re.DOTALL)
+_FINAL = re.compile(r"final answer(?: is|:)[\s:]*(\S.{0,119}?)(?:\s*I hope|\n|$)", re.IGNORECASE | re.DOTALL)
 
 
 def _final_answer(span: str) -> str | None:

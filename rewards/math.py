@@ -84,8 +84,14 @@ def _normalise(s: str) -> str:
     if wrapped:
         s = wrapped.group(1)
     s = re.sub(r"\s+", " ", s).strip()
-    # A space matters only between two letters/digits (`\pi r` is not `\pir`, `1 2` is not `12`).
-    s = re.sub(r" (?=[^A-Za-z0-9])|(?<=[^A-Za-z0-9]) ", "", s)
+    # A comma right between a digit and three more is a thousands comma (1,450); any other comma
+    # separates list items and is written ", ": `(1,2)` and `(1, 2)` compare equal, while `3, 125`
+    # stays a list of two numbers, never the thousands-grouped 3,125.
+    s = re.sub(r"(?<=\d),(?=\d{3}(?!\d))", "\0", s)
+    s = re.sub(r" ?, ?", ", ", s).replace("\0", ",")
+    # A space matters only between two letters/digits (`\pi r` is not `\pir`, `1 2` is not `12`)
+    # and after a list comma.
+    s = re.sub(r" (?=[^A-Za-z0-9])|(?<=[^A-Za-z0-9,]) ", "", s)
     return s.rstrip(".")
 
 

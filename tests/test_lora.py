@@ -165,6 +165,7 @@ def test_a_lora_sft_stage_hands_its_merged_model_to_grpo_and_eval(write_recipe, 
         ({"peft": None, "quantization": {"load_in_4bit": True}}, "sft.quantization: quantized weights are frozen; add a peft: block"),
         ({"quantization": {"load_in_4bits": True}}, "sft.quantization: 'load_in_4bits' is not a field of transformers.BitsAndBytesConfig (did you mean 'load_in_4bit'?)"),
         ({"quantization": {"bnb_4bit_quant_type": "nf4"}}, "sft.quantization: set load_in_4bit: true (QLoRA) or load_in_8bit: true"),
+        ({"quantization": {"load_in_4bit": True, "bnb_4bit_compute_dtype": "bf16"}}, "sft.quantization: "),  # a dtype torch lacks
     ],
 )
 def test_bad_peft_and_quantization_blocks_are_refused(write_recipe, tmp_path, capsys, change, expected):

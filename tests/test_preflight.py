@@ -176,3 +176,23 @@ def test_a_rejection_threshold_no_sample_can_reach_is_refused(write_recipe, tmp_
     (tmp_path / "unbounded.py").write_text("def any_score(completions, **columns):\n    return [5.0] * len(completions)\n")
     path = write_recipe({"model": "tiny", "stages": [{**REJECTION, "rewards": [{"name": "unbounded:any_score"}], "min_total": 3.0}]})
     assert main(["validate", str(path)]) == 0
+
+
+def test_a_threshold_the_rewards_reach_only_up_to_float_rounding_is_accepted(write_recipe):
+    rewards = [{"name": "math_accuracy", "weight": 0.7}, {"name": "format", "weight": 0.1}]  # 0.7 + 0.1 < 0.8 in floats
+    path = write_recipe({"model": "tiny", "stages": [{**REJECTION, "rewards": rewards, "min_total": 0.8}]})
+    assert main(["validate", str(path)]) == 0
+    from r1kit.recipe import load_recipe
+    from r1kit.reward_registry import from_recipe, score, weighted_total
+    from r1kit.sampling import Completion
+    from r1kit.stages.rejection import select
+
+    stage = load_recipe(path).stages[0]
+    text = "<think>1 + 1 is 2</think> <answer>2</answer>"
+    totals = weighted_total(score(from_recipe(stage.rewards, "rs.rewards"), [text], answer=["2"]), from_recipe(stage.rewards, "rs.rewards"))
+    assert totals[0] < 0.8 and select(totals, [Completion(text, 12, False)], stage) == [None]  # a perfect sample passes
+
+
+def test_a_task_benchmark_is_always_the_test_split(capsys):
+    assert main(["eval", "--benchmark", "task:addition", "--task-arg", "split=train", "--completions", "x.jsonl", "--output", "o"]) == 2
+    assert "task:addition: split: a task benchmark is always the task's test split; remove it" in capsys.readouterr().err

@@ -161,6 +161,9 @@ WRITTEN = [
     ("1000", "1 000", 1.0),
     ("1000", "10 00", 0.0),
     ("1.22", "1,22", 0.0),  # a comma that may be a decimal comma is read as a list, as before
+    ("3125", "\\boxed{3}, \\boxed{125}", 0.0),  # two listed boxes are never one thousands-grouped number
+    ("12", "x = \\boxed{11}\n\nx = \\boxed{12}", 1.0),  # a blank line ends a group: a new attempt
+    ("4", "\\boxed{3} \\text{ is wrong, } \\boxed{4}", 1.0),  # words between boxes are no list
 ]
 
 

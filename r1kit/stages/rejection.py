@@ -120,12 +120,16 @@ class RejectionStage(PromptStageConfig, SamplingConfig, EngineConfig):
     """Non-reasoning conversations mixed into the SFT rows."""
 
 
+TOLERANCE = 1e-9
+"""Weighted totals are float sums (0.7 + 0.1 < 0.8): a total this close to min_total passes."""
+
+
 def check(stage: RejectionStage) -> None:
     from r1kit.text import SCRIPTS
 
     stage.check_prompting("a rejection stage needs at least one reward to verify samples")
     best = reward_registry.best_total(reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards"))
-    if best is not None and stage.min_total > best:
+    if best is not None and stage.min_total > best + TOLERANCE:
         raise RecipeError(
             f"{stage.name}.min_total: {stage.min_total:g} can never be reached: with these weights a sample scores at most "
             f"{best:g}; lower min_total or raise a reward's weight"
@@ -152,7 +156,7 @@ def check(stage: RejectionStage) -> None:
 
 def select(totals: list[float], samples: list, stage: RejectionStage) -> list[str | None]:
     """Why each sample of one prompt (a Completion) is dropped (a name from DROPS), or None to keep it."""
-    reasons: list[str | None] = [None if t >= stage.min_total else "failed" for t in totals]
+    reasons: list[str | None] = [None if t >= stage.min_total - TOLERANCE else "failed" for t in totals]
     passing = [samples[i] for i, r in enumerate(reasons) if r is None]
     verdicts = iter(filter_group([c.text for c in passing], [c.tokens for c in passing], [c.truncated for c in passing], stage.filters))
     reasons = [next(verdicts) if r is None else r for r in reasons]
@@ -197,7 +201,7 @@ def run_chunk(ctx: StageContext, rows, ids: list[str], start: int, sampler, toke
     records = []
     for j, (question, prompt, group) in enumerate(zip(questions, prompts, samples)):
         group_totals = totals[j * n : (j + 1) * n]
-        passed = sum(t >= stage.min_total for t in group_totals)
+        passed = sum(t >= stage.min_total - TOLERANCE for t in group_totals)
         record = {"index": start + j, "id": ids[start + j], "passed": passed, "dropped": {}, "rows": []}
         if stage.mode == "samples":
             reasons = select(group_totals, group, stage)
