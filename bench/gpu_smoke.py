@@ -62,19 +62,6 @@ def recipe(work: Path, model: str, rm: str, steps: int, gpu: bool, vllm: bool) -
     return {"model": model, "output_dir": str(work / "run"), "seed": 0, "stages": stages}
 
 
-def tiny_reward_model(model: str, out: Path) -> str:
-    """A random one-output sequence classifier with the tiny model's tokenizer."""
-    import torch
-    from transformers import AutoConfig, AutoTokenizer, Qwen2ForSequenceClassification
-
-    tok = AutoTokenizer.from_pretrained(model)
-    torch.manual_seed(0)
-    rm = Qwen2ForSequenceClassification(AutoConfig.from_pretrained(model, num_labels=1, pad_token_id=tok.pad_token_id))
-    rm.save_pretrained(out)
-    tok.save_pretrained(out)
-    return str(out)
-
-
 class Probe:
     """Wraps each stage kind's run and each training stage's train_and_save to record figures."""
 
@@ -169,7 +156,7 @@ def main() -> int:
 
     from r1kit import pipeline
     from r1kit.recipe import load_recipe
-    from r1kit.tiny import build_tiny_model
+    from r1kit.tiny import build_tiny_model, build_tiny_reward_model
 
     gpu = torch.cuda.is_available() and not args.cpu
     if not gpu and not args.cpu:
@@ -177,7 +164,7 @@ def main() -> int:
     vllm = gpu and importlib.util.find_spec("vllm") is not None
     work = args.work or Path(tempfile.mkdtemp(prefix="gpu_smoke_"))
     model = str(build_tiny_model(work / "tiny", seed=0))
-    rm = tiny_reward_model(model, work / "rm")
+    rm = str(build_tiny_reward_model(model, work / "rm"))
     path = work / "recipe.json"
     path.write_text(json.dumps(recipe(work, model, rm, args.steps, gpu, vllm)))
     probe = Probe(gpu)

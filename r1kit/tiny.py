@@ -14,6 +14,9 @@ Details that matter (each would silently break training if wrong):
   trainers decode completions with ``skip_special_tokens=True`` and special tags would vanish.
 - head_dim stays ≥ 32 (vLLM's CPU attention does not support 16).
 
+`build_tiny_reward_model` builds a random one-output classifier on the same config and tokenizer,
+for the ``reward_model`` reward.
+
 It does not build anything that knows a task: the model starts random; recipes teach it.
 """
 
@@ -129,4 +132,22 @@ def build_tiny_model(
     reloaded = AutoTokenizer.from_pretrained(out_dir)
     if reloaded(probe)["input_ids"] != tokenizer(probe)["input_ids"]:
         raise RuntimeError("tiny model: the saved tokenizer changes token ids on reload")
+    return out_dir
+
+
+def build_tiny_reward_model(model_dir: str | Path, out_dir: str | Path, seed: int = 0) -> Path:
+    """A random one-output sequence classifier on the tiny model's config and tokenizer (for the
+    ``reward_model`` reward in tests and checks); its score head is spread (std 1) so that
+    different texts get clearly different scores. Saved into `out_dir`; returns it."""
+    import torch
+    from transformers import AutoConfig, AutoTokenizer, Qwen2ForSequenceClassification
+
+    out_dir = Path(out_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    config = AutoConfig.from_pretrained(model_dir, num_labels=1, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    model = Qwen2ForSequenceClassification(config)
+    torch.nn.init.normal_(model.score.weight, std=1.0)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
     return out_dir

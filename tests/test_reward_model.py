@@ -20,18 +20,9 @@ THOUGHT = "<think> 40 plus 2 is 42, let me double check the tens and the units. 
 @pytest.fixture(scope="module")
 def tiny_rm(tiny_model, tmp_path_factory) -> str:
     """A random Qwen2 sequence classifier (one output) with the tiny model's tokenizer."""
-    import torch
-    from transformers import AutoConfig, AutoTokenizer, Qwen2ForSequenceClassification
+    from r1kit.tiny import build_tiny_reward_model
 
-    tok = AutoTokenizer.from_pretrained(tiny_model)
-    config = AutoConfig.from_pretrained(tiny_model, num_labels=1, pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
-    model = Qwen2ForSequenceClassification(config)
-    torch.nn.init.normal_(model.score.weight, std=1.0)  # scores far enough apart to compare
-    out = tmp_path_factory.mktemp("rm") / "rm"
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return str(out)
+    return str(build_tiny_reward_model(tiny_model, tmp_path_factory.mktemp("rm") / "rm"))
 
 
 def score(rm, completions, **params_and_columns):

