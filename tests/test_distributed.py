@@ -10,6 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import transformers
+from packaging.version import Version
 
 from r1kit.cli import main
 
@@ -95,6 +98,10 @@ def test_two_processes_match_one_in_shape_and_trend(write_recipe, tiny_model, tm
     assert json.loads((tmp_path / "double" / "rl" / "DONE.json").read_text())["input_model"].endswith("sft/model")
 
 
+@pytest.mark.skipif(
+    Version(transformers.__version__) < Version("5.18"),
+    reason="transformers 5.17 loads a resumed optimizer onto 'cpu:N', which torch cannot restore (fixed in 5.18)",
+)
 def test_killed_multiprocess_run_resumes(write_recipe, tiny_model, tmp_path, hold, wait_gone):
     path = recipe(write_recipe, tiny_model, tmp_path / "run", per_device=8, sft_steps=40)
     # Both workers hold right after saving checkpoint-8 (of 40 steps) until killed.
