@@ -5,27 +5,28 @@ mode that the test suite runs so the script cannot rot.
     python bench/gpu_smoke.py --cpu --steps 2  # anywhere (tests/test_gpu_smoke.py runs this)
     bash bench/gpu_smoke.sh WHEELS_DIR         # a bare GPU machine: install the wheels, then run
 
-One recipe, run through r1kit.pipeline in this process: ``cold_start`` (sft) → ``rl`` (grpo,
-transformers generation) → ``rl_vllm`` (grpo with vLLM colocated; only with CUDA and vLLM) →
-``rejection`` → ``sft`` → ``rl2`` (grpo, math_accuracy plus a tiny random reward model) →
-``eval`` (transformers) → ``eval_vllm`` (only when vLLM imports). On a GPU the training stages
-run in bf16 mixed precision (``bf16: true``; the master weights stay float32).
+One recipe, run through r1kit.pipeline: ``cold_start`` (sft) → ``rl`` (grpo, transformers
+generation) → ``rl_vllm`` (grpo with vLLM colocated; only with CUDA and vLLM) → ``rejection`` →
+``sft`` → ``rl2`` (grpo, math_accuracy plus a tiny random reward model) → ``eval``
+(transformers) → ``eval_vllm`` (only when vLLM imports), from the tiny model stored in bfloat16 as
+hub checkpoints are. On a GPU the training stages run in bf16 mixed precision (``bf16: true``)
+and every stage in its own process (r1kit.stage_process).
 
-Per stage it records wall time, tokens per second (training: TRL's ``num_tokens`` over the train
-runtime; eval: generated tokens over the stage's wall time), peak GPU memory
-(``torch.cuda.max_memory_allocated``, reset at the stage's start), the memory still allocated
-when the stage starts, and whether it used vLLM. Checks, each a named boolean: no CPU default
-was applied on a GPU; master weights are float32 and compute is bf16 (GPU); each stage starts
-with the device's memory free (under 64 MiB allocated); every logged loss is finite. The figures
-go to ``gpu_smoke.json`` in ``$OUT`` when it is set, else in the current folder (or ``--out``);
-the exit status is 1 when a check fails.
+Per stage it reads from the run folder: wall time, tokens per second (training: TRL's
+``num_tokens`` over the train runtime; eval: generated tokens over the stage's wall time), the
+device's free memory as the stage started and the stage's peak (``gpu_free_at_start_mib``,
+``gpu_peak_mib`` in its record), whether vLLM generated, the dtype of the trained weights and the
+trainer's precision flags. Checks, each a named boolean: no CPU default was applied on a GPU;
+master weights are float32 (from bfloat16 checkpoints) and compute is bf16 (GPU); each stage
+finds the device as free as the first stage did (within 512 MiB: nothing of an earlier stage is
+left); every logged loss is finite; two processes loading the reward model under ZeRO-3's and
+FSDP's loading conditions (tests/rm_ranks.py) each get its real weights and score alike. The figures go to ``gpu_smoke.json`` in ``$OUT`` when it is
+set, else in the current folder (or ``--out``); the exit status is 1 when a check fails.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import importlib
 import importlib.util
 import json
 import math
@@ -33,7 +34,18 @@ import os
 import time
 from pathlib import Path
 
-FREE_MIB = 64
+LEFT_MIB = 512  # device memory a stage may find taken beyond what the first stage found
+
+
+def bf16_copy(model: Path, out: Path) -> str:
+    """The tiny model stored in bfloat16, as hub checkpoints are: the training stages must still
+    train float32 master weights from it."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).save_pretrained(out)
+    AutoTokenizer.from_pretrained(model).save_pretrained(out)
+    return str(out)
 
 
 def recipe(work: Path, model: str, rm: str, steps: int, gpu: bool, vllm: bool) -> dict:
@@ -62,84 +74,78 @@ def recipe(work: Path, model: str, rm: str, steps: int, gpu: bool, vllm: bool) -
     return {"model": model, "output_dir": str(work / "run"), "seed": 0, "stages": stages}
 
 
-class Probe:
-    """Wraps each stage kind's run and each training stage's train_and_save to record figures."""
-
-    def __init__(self, gpu: bool):
-        self.gpu, self.stages, self.training = gpu, {}, {}
-
-    def install(self) -> None:
-        from r1kit import stages as registry
-
-        for kind in registry.kinds():
-            module = importlib.import_module(f"r1kit.stages.{'evaluate' if kind == 'eval' else kind}")
-            module.STAGE = dataclasses.replace(module.STAGE, run=self._timed(module.STAGE.run))
-            if hasattr(module, "train_and_save"):
-                module.train_and_save = self._training(module.train_and_save)
-
-    def _timed(self, run):
-        import torch
-
-        def timed(ctx):
-            if self.gpu:
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-            at_start = torch.cuda.memory_allocated() / 2**20 if self.gpu else 0.0
-            start = time.perf_counter()
-            result = run(ctx)
-            if self.gpu:
-                torch.cuda.synchronize()
-            wall = time.perf_counter() - start
-            self.stages[ctx.stage.name] = {
-                "kind": ctx.stage.kind,
-                "wall_s": round(wall, 2),
-                "peak_gpu_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1) if self.gpu else None,
-                "allocated_at_start_mib": round(at_start, 1),
-                "vllm": bool((getattr(ctx.stage, "trainer", None) or {}).get("use_vllm")) or getattr(ctx.stage, "backend", None) == "vllm",
-            }
-            import gc
-
-            gc.collect()
-            if self.gpu:
-                torch.cuda.empty_cache()
-            return result
-
-        return timed
-
-    def _training(self, train_and_save):
-        def probed(trainer, ctx):
-            params = [p for p in trainer.model.parameters() if p.requires_grad]
-            self.training[ctx.stage.name] = {
-                "master_dtype": str(params[0].dtype).removeprefix("torch."),
-                "bf16": bool(trainer.args.bf16),
-                "use_cpu": bool(trainer.args.use_cpu),
-            }
-            return train_and_save(trainer, ctx)
-
-        return probed
-
-
-def figures(run: Path, probe: Probe, records: dict) -> dict:
-    """Per stage: the probe's figures, tokens/s and whether every logged loss is finite."""
+def figures(run: Path, records: dict) -> dict:
+    """Per stage, from what the run wrote: wall time, tokens/s, GPU memory (free at the start,
+    peak), whether vLLM generated, the trained weights' dtype and the trainer's precision
+    flags, and whether every logged loss is finite."""
     out = {}
-    for name, fig in probe.stages.items():
-        metrics = [json.loads(line) for line in (run / name / "metrics.jsonl").read_text().splitlines()] if (run / name / "metrics.jsonl").exists() else []
-        losses = [m["loss"] for m in metrics if "loss" in m]
-        tokens, runtime = None, None
-        if metrics:
-            tokens = max((m["num_tokens"] for m in metrics if "num_tokens" in m), default=None)
-            runtime = next((m["train_runtime"] for m in metrics if "train_runtime" in m), None)
-        if fig["kind"] == "eval":
+    for name, record in records.items():
+        stage, metrics = record["config"]["stage"], record["metrics"]
+        lines = (run / name / "metrics.jsonl").read_text().splitlines() if (run / name / "metrics.jsonl").exists() else []
+        logged = [json.loads(line) for line in lines]
+        losses = [m["loss"] for m in logged if "loss" in m]
+        tokens = max((m["num_tokens"] for m in logged if "num_tokens" in m), default=None)
+        runtime = next((m["train_runtime"] for m in logged if "train_runtime" in m), None)
+        if stage["kind"] == "eval":
             summaries = [json.loads(p.read_text()) for p in (run / name).glob("*/summary.json")]
             tokens = sum(s["mean_tokens"] * s["samples"] * s["problems"] for s in summaries)
-            runtime = fig["wall_s"]
-        out[name] = {
-            **fig,
+            runtime = record["wall_s"]
+        fig = {
+            "kind": stage["kind"],
+            "wall_s": record["wall_s"],
             "tokens_per_s": round(tokens / runtime, 1) if tokens and runtime else None,
+            "gpu_free_at_start_mib": metrics.get("gpu_free_at_start_mib"),
+            "gpu_peak_mib": metrics.get("gpu_peak_mib"),
+            "vllm": bool((stage.get("trainer") or {}).get("use_vllm")) or stage.get("backend") == "vllm",
             "losses_finite": all(math.isfinite(x) for x in losses),
-            **probe.training.get(name, {}),
         }
+        config = run / name / "trainer_config.json"
+        if config.exists():
+            given = json.loads(config.read_text())
+            fig |= {"trained_dtype": metrics.get("trained_dtype"), "bf16": bool(given["bf16"]), "use_cpu": bool(given["use_cpu"])}
+        out[name] = fig
     return out
+
+
+def sharded_reward_model(rm: str, work: Path) -> dict[str, bool]:
+    """Two processes load the reward model under the loading conditions of ZeRO-3 and of FSDP
+    with rank-0 loading (tests/rm_ranks.py, on the GPU when there is one): True where both got
+    real weights and the same scores."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = {}
+    for condition in ("fsdp", "zero3"):
+        folder = work / f"rm_{condition}"
+        folder.mkdir()
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        if condition == "fsdp":
+            env |= {"ACCELERATE_USE_FSDP": "true", "FSDP_CPU_RAM_EFFICIENT_LOADING": "true"}
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(root / "recipes/accelerate/cpu_ddp.yaml"),
+               str(root / "tests/rm_ranks.py"), rm, str(folder), condition]
+        if subprocess.run(cmd, env=env).returncode != 0:
+            out[condition] = False
+            continue
+        ranks = [json.loads((folder / f"rank{r}.json").read_text()) for r in (0, 1)]
+        same = all(abs(a - b) < 1e-3 for a, b in zip(ranks[0]["scores"], ranks[1]["scores"]))
+        out[condition] = ranks[0]["weights"] > 0 and abs(ranks[0]["weights"] - ranks[1]["weights"]) < 1e-3 * ranks[0]["weights"] and same
+    return out
+
+
+def checks(stages: dict, gpu: bool, sharded: dict[str, bool]) -> dict[str, bool]:
+    training = [s for s in stages.values() if "trained_dtype" in s]
+    free = [s["gpu_free_at_start_mib"] for s in stages.values()]
+    return {
+        "no_cpu_defaults_on_gpu": not gpu or all(not s["use_cpu"] for s in training),
+        "master_weights_float32": bool(training) and all(s["trained_dtype"] == "float32" for s in training),
+        "bf16_compute_on_gpu": not gpu or all(s["bf16"] for s in training),
+        # every stage finds the device as free as the first one did: nothing of an earlier stage is left
+        "memory_free_at_each_stage_start": not gpu or all(f is not None and f >= free[0] - LEFT_MIB for f in free),
+        "losses_finite": all(s["losses_finite"] for s in stages.values()),
+        "reward_model_whole_under_fsdp": sharded["fsdp"],
+        "reward_model_whole_under_zero3": sharded["zero3"],
+    }
 
 
 def main() -> int:
@@ -154,7 +160,7 @@ def main() -> int:
 
     import torch
 
-    from r1kit import pipeline
+    from r1kit import pipeline, stage_process
     from r1kit.recipe import load_recipe
     from r1kit.tiny import build_tiny_model, build_tiny_reward_model
 
@@ -163,40 +169,33 @@ def main() -> int:
         raise SystemExit("no CUDA GPU here; run with --cpu for the CPU mode")
     vllm = gpu and importlib.util.find_spec("vllm") is not None
     work = args.work or Path(tempfile.mkdtemp(prefix="gpu_smoke_"))
-    model = str(build_tiny_model(work / "tiny", seed=0))
+    model = bf16_copy(build_tiny_model(work / "tiny", seed=0), work / "tiny_bf16")
     rm = str(build_tiny_reward_model(model, work / "rm"))
     path = work / "recipe.json"
     path.write_text(json.dumps(recipe(work, model, rm, args.steps, gpu, vllm)))
-    probe = Probe(gpu)
-    probe.install()
     start = time.perf_counter()
     records = pipeline.run(load_recipe(path))
-    stages = figures(work / "run", probe, records)
-    training = [s for s in stages.values() if "master_dtype" in s]
-    checks = {
-        "no_cpu_defaults_on_gpu": not gpu or all(not s["use_cpu"] for s in training),
-        "master_weights_float32": all(s["master_dtype"] == "float32" for s in training),
-        "bf16_compute_on_gpu": not gpu or all(s["bf16"] for s in training),
-        "memory_free_at_each_stage_start": all(s["allocated_at_start_mib"] < FREE_MIB for s in stages.values()),
-        "losses_finite": all(s["losses_finite"] for s in stages.values()),
-    }
+    stages = figures(work / "run", records)
+    result_checks = checks(stages, gpu, sharded_reward_model(rm, work))
     result = {
         "device": torch.cuda.get_device_name() if gpu else "cpu",
         "torch": torch.__version__,
         "vllm": vllm,
         "total_s": round(time.perf_counter() - start, 1),
+        "stage_processes": stage_process.enabled(),
         "stages": stages,
-        "checks": checks,
+        "checks": result_checks,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu_smoke.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{'stage':<12}{'kind':<11}{'wall s':>8}{'tokens/s':>10}{'peak GPU MiB':>14}  vLLM")
+    print(f"{'stage':<12}{'kind':<11}{'wall s':>8}{'tokens/s':>10}{'free at start MiB':>19}{'peak GPU MiB':>14}  vLLM")
     for name, s in stages.items():
-        peak = "-" if s["peak_gpu_mib"] is None else f"{s['peak_gpu_mib']:.0f}"
-        print(f"{name:<12}{s['kind']:<11}{s['wall_s']:>8.1f}{s['tokens_per_s'] or '-':>10}{peak:>14}  {'yes' if s['vllm'] else 'no'}")
-    print("checks: " + ", ".join(f"{k} {'ok' if v else 'FAILED'}" for k, v in checks.items()))
+        free = "-" if s["gpu_free_at_start_mib"] is None else f"{s['gpu_free_at_start_mib']:.0f}"
+        peak = "-" if s["gpu_peak_mib"] is None else f"{s['gpu_peak_mib']:.0f}"
+        print(f"{name:<12}{s['kind']:<11}{s['wall_s']:>8.1f}{s['tokens_per_s'] or '-':>10}{free:>19}{peak:>14}  {'yes' if s['vllm'] else 'no'}")
+    print("checks: " + ", ".join(f"{k} {'ok' if v else 'FAILED'}" for k, v in result_checks.items()))
     print(f"figures: {args.out / 'gpu_smoke.json'}")
-    return 0 if all(checks.values()) else 1
+    return 0 if all(result_checks.values()) else 1
 
 
 if __name__ == "__main__":

@@ -9,8 +9,10 @@ and the shortfall is logged. Logged per generation: ``dynamic_sampling/dropped_g
 ``dynamic_sampling/rounds`` and ``dynamic_sampling/unfilled_groups``.
 
 Refill prompts come from a seeded shuffle of the training set, independent of TRL's sampler. In a
-multi-process run every process does the same number of rounds (the largest any process needs),
-since generation and scoring gather across processes.
+multi-process run every process shuffles alike and takes its own share of that order (process
+i takes every i-th prompt), so no two processes refill with the same prompts, and every process
+does the same number of rounds (the largest any process needs), since generation and scoring
+gather across processes.
 
 Not supported: multimodal inputs and tool-calling rollouts (their extra tensors are not merged).
 """
@@ -70,8 +72,10 @@ class DynamicSamplingGRPOTrainer(GRPOTrainer):
         rows = []
         while len(rows) < n:
             if not self._refill_order:
-                self._refill_order = list(range(len(self.train_dataset)))
-                self._refill_rng.shuffle(self._refill_order)
+                order = list(range(len(self.train_dataset)))
+                self._refill_rng.shuffle(order)  # the same order on every process, each taking its share
+                share = order[self.accelerator.process_index :: self.accelerator.num_processes]
+                self._refill_order = share or order
             rows.append(self.train_dataset[self._refill_order.pop()])
         return rows
 

@@ -21,8 +21,9 @@
 - ``quantization:`` loads the frozen base weights in 4 or 8 bits (bitsandbytes; QLoRA with
   ``load_in_4bit``). It needs ``peft:`` (quantized weights are not trained) and a CUDA GPU:
   r1kit.pipeline refuses it on other machines before the run starts.
-- `parameters(model)`: trainable and total parameter counts, which every training stage
-  records (``trainable_params``, ``total_params``) for the run report.
+- `parameters(model)`: trainable and total parameter counts and the trained weights' dtype,
+  which every training stage records (``trainable_params``, ``total_params``,
+  ``trained_dtype``) for the run report.
 
 Not here: PEFT methods other than LoRA, and adapter-only hand-off (later stages take merged
 folders, so nothing downstream needs peft).
@@ -83,27 +84,26 @@ def lora_config(stage):
     return LoraConfig(**{**DEFAULTS, **stage.peft})
 
 
-def load_model(stage, model: str):
-    """The stage's start model: full weights, or quantized base weights for QLoRA."""
-    from transformers import AutoModelForCausalLM
-
+def quantization_config(stage):
+    """The stage's `transformers.BitsAndBytesConfig` for the trainer's ``quantization_config``, or None."""
     if stage.quantization is None:
-        return AutoModelForCausalLM.from_pretrained(model, dtype="auto")
+        return None
     from transformers import BitsAndBytesConfig
-    from trl import get_kbit_device_map
 
-    quantization = BitsAndBytesConfig(**stage.quantization)
-    return AutoModelForCausalLM.from_pretrained(model, dtype="auto", quantization_config=quantization, device_map=get_kbit_device_map())
+    return BitsAndBytesConfig(**stage.quantization)
 
 
-def parameters(model) -> dict[str, int]:
+def parameters(model) -> dict:
     """Trainable and total parameters of `model` (a LoRA model counts its frozen base too; peft's
-    own count unpacks 4-bit weights, and a ZeRO-3 partitioned parameter counts whole)."""
+    own count unpacks 4-bit weights, and a ZeRO-3 partitioned parameter counts whole), and the
+    dtype the trained weights are kept in (the optimizer's master weights)."""
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.requires_grad})
+    out = {"trained_dtype": ",".join(dtypes)}
     if hasattr(model, "get_nb_trainable_parameters"):
         trainable, total = model.get_nb_trainable_parameters()
-        return {"trainable_params": int(trainable), "total_params": int(total)}
+        return out | {"trainable_params": int(trainable), "total_params": int(total)}
     sizes = [(getattr(p, "ds_numel", p.numel()), p.requires_grad) for p in model.parameters()]
-    return {"trainable_params": sum(n for n, grad in sizes if grad), "total_params": sum(n for n, _ in sizes)}
+    return out | {"trainable_params": sum(n for n, grad in sizes if grad), "total_params": sum(n for n, _ in sizes)}
 
 
 def save_merged(trainer, ctx) -> str:

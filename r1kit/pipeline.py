@@ -10,7 +10,8 @@ A stage is done when its marker exists; markers are written atomically, after th
 Under `accelerate launch` (or torchrun) every process runs the training stages together; only the
 main process writes the run folder's files, builds models and runs generation-only stages
 (rejection sampling, evaluation, which scale through vLLM's own parallelism instead), and the
-others wait for it at each stage boundary.
+others wait for it at each stage boundary. Where a CUDA GPU is present each stage runs in a
+process of its own, so it starts on a free device (r1kit.stage_process).
 Re-running a recipe skips finished stages and resumes an unfinished one (training stages pick up
 their last checkpoint). A finished stage whose config changed is refused unless the run says
 ``restart_from`` that stage (or an earlier one): then that stage and all after it are redone.
@@ -37,6 +38,7 @@ from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from r1kit import stage_process
 from r1kit import stages as stage_registry
 from r1kit.config import Recipe, to_dict
 from r1kit.errors import RecipeError
@@ -182,6 +184,7 @@ def run(recipe: Recipe, restart_from: str | None = None) -> dict[str, dict]:
     from r1kit.training import resolve_model
 
     preflight(recipe)
+    isolate = stage_process.enabled()
     the_plan = plan(recipe, restart_from)
     out = Path(recipe.output_dir)
     main = is_main_process()
@@ -210,7 +213,7 @@ def run(recipe: Recipe, restart_from: str | None = None) -> dict[str, dict]:
     stage_models: dict[str, str] = {}
     datasets: dict[str, str] = {}
     records: dict[str, dict] = {}
-    for stage in recipe.stages:
+    for index, stage in enumerate(recipe.stages):
         kind = stage_registry.get(stage.kind)
         if stage.name in the_plan.done:
             record = the_plan.done[stage.name]
@@ -225,9 +228,9 @@ def run(recipe: Recipe, restart_from: str | None = None) -> dict[str, dict]:
             ctx = stage_registry.StageContext(
                 recipe=recipe, stage=stage, dir=out / stage.name, model=start, datasets=dict(datasets), is_main=main
             )
-            log.info("%s: running (%s) from %s", stage.name, stage.kind, start)
+            log.info("%s: running (%s) from %s%s", stage.name, stage.kind, start, " in its own process" if isolate else "")
             t0 = time.time()
-            result = kind.run(ctx)
+            result = stage_process.run(stage.kind, ctx, index) if isolate else stage_process.call(stage.kind, ctx)
             digest, config = fingerprint(recipe, stage)
             record = {
                 "fingerprint": digest,

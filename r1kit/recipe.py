@@ -95,7 +95,82 @@ def _build(raw: dict, stage_registry) -> Recipe:
                 raise RecipeError(f"{stage.name}.{ref_where}: stage {ref!r} runs after {stage.name!r}; a stage can only use earlier stages")
         earlier.add(stage.name)
     _check_sources(recipe, seen)
+    _check_lengths(recipe)
     return recipe
+
+
+def context_length(source: str, recipe: Recipe) -> tuple[int, str] | None:
+    """The model's context in tokens and where it was read, when known without loading
+    anything: the tiny model's own setting, or ``max_position_embeddings`` in a local folder's
+    config.json. Hub ids and GGUF files are not looked up (None)."""
+    import json
+
+    from r1kit.sampling import looks_local
+
+    if source == "tiny":
+        import inspect
+
+        from r1kit.tiny import build_tiny_model
+
+        default = inspect.signature(build_tiny_model).parameters["max_position_embeddings"].default
+        return int(recipe.tiny_model.get("max_position_embeddings", default)), "the tiny model's max_position_embeddings"
+    config = Path(source).expanduser() / "config.json"
+    if not looks_local(source) or not config.is_file():
+        return None
+    try:
+        value = json.loads(config.read_text()).get("max_position_embeddings")
+    except (OSError, ValueError):
+        return None
+    return (int(value), f"max_position_embeddings in {config}") if isinstance(value, int) else None
+
+
+def _budgets(stage) -> list[tuple[str, int, str]]:
+    """(key, tokens, what) for each token budget the recipe sets for a stage that one sequence
+    must hold. Defaults are left alone (the R1 protocol's 32,768 tokens for eval and rejection
+    sampling end at the model's context)."""
+    import dataclasses
+
+    out = []
+    trainer = getattr(stage, "trainer", None) or {}
+    completion, limit = trainer.get("max_completion_length"), trainer.get("vllm_max_model_length")
+    where = ("trainer.max_completion_length", "trainer.vllm_max_model_length")
+    if stage.kind != "grpo":
+        defaults = {f.name: f.default for f in dataclasses.fields(stage)}
+        max_tokens = getattr(stage, "max_tokens", None)
+        completion = max_tokens if isinstance(max_tokens, int) and max_tokens != defaults.get("max_tokens") else None
+        limit = (getattr(stage, "backend_options", None) or {}).get("max_model_len")
+        where = ("max_tokens", "backend_options.max_model_len")
+    if isinstance(completion, int):
+        out.append((where[0], completion, "completion"))
+    if isinstance(limit, int):
+        out.append((where[1], limit, "vLLM sequence"))
+        if isinstance(completion, int) and completion >= limit and (stage.kind != "grpo" or trainer.get("use_vllm")):
+            raise RecipeError(
+                f"{stage.name}.{where[0]}: {completion} tokens leave no room for the prompt in {where[1]} {limit}; "
+                "vLLM would stop every completion early"
+            )
+    return out
+
+
+def _check_lengths(recipe: Recipe) -> None:
+    """Token budgets that cannot fit: a completion budget at or above vLLM's sequence limit, and,
+    where the model's context is known without loading it (`context_length`), a budget above it.
+    Each stage's model derives from the recipe's model or the folder or stage it names."""
+    start: dict[str, str] = {}
+    current = recipe.model
+    for stage in recipe.stages:
+        source = start.get(stage.model, stage.model) if stage.model else current
+        start[stage.name] = current = source
+        budgets = _budgets(stage)
+        known = context_length(source, recipe)
+        if known is None:
+            continue
+        context, where = known
+        for key, tokens, what in budgets:
+            if tokens > context:
+                raise RecipeError(
+                    f"{stage.name}.{key}: a {tokens}-token {what} does not fit the model's context of {context} tokens ({where})"
+                )
 
 
 def _check_sources(recipe: Recipe, names: set[str]) -> None:

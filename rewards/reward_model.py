@@ -12,7 +12,11 @@ response. Recipe use, routed to the general rows of a mixed dataset::
 Parameters:
 
 - ``model``: folder or hub id of an ``AutoModelForSequenceClassification`` with one output
-  (``num_labels=1``), loaded once per process and kept (on the GPU when there is one).
+  (``num_labels=1``), loaded once per process and kept (on the GPU when there is one). Every
+  process loads its own whole copy, also while the trainer shards the policy (ZeRO-3, FSDP with
+  ``fsdp_cpu_ram_efficient_loading``), whose loading paths would otherwise hand the reward a
+  partitioned or zero-filled model. Loading uses no collective, so routing (``when:``) that
+  makes only some processes score is safe.
 - ``text``: ``summary`` scores the text after the last ``</think>`` (the whole completion when it
   has none); ``full`` scores the whole completion, reasoning included.
 - ``prompt_column``: the column holding the user's question; the reward model sees
@@ -29,8 +33,10 @@ Not here: pairwise or generative judges, or training a reward model.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import os
 from typing import Annotated, Literal
 
 from r1kit.errors import RewardError
@@ -38,6 +44,28 @@ from r1kit.reward_registry import REQUIRED
 
 TEXTS = ("summary", "full")
 NORMALIZE = ("none", "sigmoid")
+
+
+@contextlib.contextmanager
+def whole_weights():
+    """Inside: `from_pretrained` loads a whole model on this process, whatever sharded training
+    has switched on (transformers' ZeRO-3 config, FSDP's rank-0-only CPU loading)."""
+    from transformers.integrations import deepspeed
+
+    saved_env = os.environ.get("FSDP_CPU_RAM_EFFICIENT_LOADING")
+    ref = deepspeed._hf_deepspeed_config_weak_ref
+    zero3 = ref() if ref is not None else None
+    os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "false"
+    deepspeed.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        if saved_env is None:
+            os.environ.pop("FSDP_CPU_RAM_EFFICIENT_LOADING", None)
+        else:
+            os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = saved_env
+        if zero3 is not None:
+            deepspeed.set_hf_deepspeed_config(zero3)
 
 
 @functools.lru_cache(maxsize=2)
@@ -51,7 +79,8 @@ def load(model: str):
     tokenizer.padding_side, tokenizer.truncation_side = "right", "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    rm = AutoModelForSequenceClassification.from_pretrained(model, dtype="auto")
+    with whole_weights():
+        rm = AutoModelForSequenceClassification.from_pretrained(model, dtype="auto")
     if rm.config.num_labels != 1:
         raise RewardError(f"reward_model: {model} has {rm.config.num_labels} outputs; a reward model has one (num_labels=1)")
     # The score is read at the last token that is not padding: the model must know the pad id.

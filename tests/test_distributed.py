@@ -42,8 +42,8 @@ def recipe(write_recipe, model, out, per_device, sft_steps=12, name="r.yaml"):
     return write_recipe({"model": str(model), "output_dir": str(out), "stages": stages}, name)
 
 
-def cli(*args, **popen) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def cli(*args, env: dict | None = None, **popen) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.Popen([sys.executable, "-m", "r1kit.cli", *args], env=env, text=True, **popen)
 
 
@@ -124,11 +124,18 @@ def test_killed_multiprocess_run_resumes(write_recipe, tiny_model, tmp_path, hol
     assert steps == sorted(set(steps)) and steps[-1] == 40
 
 
-def test_shipped_accelerate_configs_validate(capsys):
+def test_shipped_accelerate_configs_validate_with_their_own_examples(capsys, monkeypatch):
+    """Each config's header names a recipe that fits it (the arithmetic is beside it): that very
+    command validates."""
+    monkeypatch.chdir(ROOT)
     configs = sorted((ROOT / "recipes" / "accelerate").glob("*.yaml"))
     assert {c.stem for c in configs} >= {"ddp", "cpu_ddp", "zero2", "zero3", "fsdp"}
     for config in configs:
-        assert main(["validate", str(ROOT / "recipes" / "r1_zero.yaml"), "--accelerate-config", str(config)]) == 0
+        examples = [line.split("r1kit run", 1)[1].split() for line in config.read_text().splitlines() if line.startswith("#") and "r1kit run" in line]
+        assert examples, f"{config.name} names no example"
+        for args in examples:
+            assert args[-2:] == ["--accelerate-config", f"recipes/accelerate/{config.name}"]
+            assert main(["validate", *args]) == 0, " ".join(args)
 
 
 def test_bad_accelerate_config_is_refused(tmp_path, capsys):
@@ -136,3 +143,35 @@ def test_bad_accelerate_config_is_refused(tmp_path, capsys):
     bad.write_text("distributed_type: MULTI_GPU\nnum_processes: 2\nnot_a_key: 1\n")
     assert main(["validate", str(ROOT / "recipes" / "r1_zero.yaml"), "--accelerate-config", str(bad)]) == 2
     assert "not a valid accelerate config" in capsys.readouterr().err
+
+
+def seen(completions, *, prompt, **columns):
+    """Records the prompts each process scores, one line per call, in the folder R1KIT_TEST_SEEN
+    names; the same score for every sample, so every group is dropped and refilled."""
+    with open(Path(os.environ["R1KIT_TEST_SEEN"]) / f"rank{os.environ.get('RANK', '0')}.jsonl", "a") as f:
+        f.write(json.dumps(sorted(set(prompt))) + "\n")
+    return [0.0] * len(completions)
+
+
+def test_dynamic_sampling_refills_each_process_with_its_own_prompts(write_recipe, tiny_model, tmp_path):
+    stage = {
+        "name": "rl",
+        "kind": "grpo",
+        "template": "plain",
+        "data": {"source": "task:addition", "task": {"n": 64, "digits": 2}},
+        "rewards": [{"name": "test_distributed:seen"}],
+        "dynamic_sampling": True,
+        "dynamic_sampling_max_rounds": 3,
+        "trainer": {"max_steps": 1, "per_device_train_batch_size": 4, "num_generations": 4, "max_completion_length": 4},
+    }
+    path = write_recipe({"model": str(tiny_model), "stages": [stage]})
+    here = str(Path(__file__).parent)
+    env = {"R1KIT_TEST_SEEN": str(tmp_path), "PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)}
+    proc = cli("run", str(path), "--accelerate-config", str(CPU_DDP), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    log = proc.communicate()[0]
+    assert proc.returncode == 0, log[-3000:]
+    calls = {rank: [json.loads(line) for line in (tmp_path / f"rank{rank}.jsonl").read_text().splitlines()] for rank in (0, 1)}
+    assert len(calls[0]) == len(calls[1]) == 4  # TRL's own batch, then 3 refill rounds on each process
+    refills = {rank: {p for call in c[1:] for p in call} for rank, c in calls.items()}
+    assert len(refills[0]) == len(refills[1]) == 3
+    assert not refills[0] & refills[1], "two processes refilled with the same prompts"

@@ -24,8 +24,9 @@ def test_the_gpu_check_runs_every_stage_in_cpu_mode(tmp_path):
     for name in ("cold_start", "rl", "sft", "rl2", "eval"):
         assert stages[name]["tokens_per_s"] > 0, name
     for name in ("cold_start", "rl", "sft", "rl2"):
-        assert stages[name]["master_dtype"] == "float32" and stages[name]["use_cpu"] is True
+        assert stages[name]["trained_dtype"] == "float32" and stages[name]["use_cpu"] is True  # from a bf16 checkpoint
     assert all(result["checks"].values()), result["checks"]
+    assert result["checks"]["reward_model_whole_under_zero3"] and result["checks"]["reward_model_whole_under_fsdp"]
     assert "checks: no_cpu_defaults_on_gpu ok" in proc.stdout
 
 
@@ -33,10 +34,21 @@ def test_a_non_finite_loss_fails_the_check(tmp_path):
     spec = importlib.util.spec_from_file_location("gpu_smoke", SCRIPT)
     smoke = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(smoke)
-    probe = smoke.Probe(gpu=False)
-    probe.stages["rl"] = {"kind": "grpo", "wall_s": 1.0, "peak_gpu_mib": None, "allocated_at_start_mib": 0.0, "vllm": False}
     (tmp_path / "rl").mkdir()
     rows = [{"step": 1, "loss": 0.5, "num_tokens": 100.0}, {"step": 2, "loss": float("nan")}, {"step": 2, "train_runtime": 2.0}]
     (tmp_path / "rl" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    got = smoke.figures(tmp_path, probe, {})["rl"]
-    assert got["losses_finite"] is False and got["tokens_per_s"] == 50.0
+    records = {"rl": {"config": {"stage": {"kind": "grpo", "trainer": {}}}, "metrics": {}, "wall_s": 3.0}}
+    got = smoke.figures(tmp_path, records)
+    assert got["rl"]["losses_finite"] is False and got["rl"]["tokens_per_s"] == 50.0
+    assert smoke.checks(got, gpu=False, sharded={"fsdp": True, "zero3": True})["losses_finite"] is False
+
+
+def test_memory_left_by_an_earlier_stage_fails_the_check():
+    spec = importlib.util.spec_from_file_location("gpu_smoke", SCRIPT)
+    smoke = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(smoke)
+    stage = {"kind": "eval", "losses_finite": True}
+    clean = {"a": {**stage, "gpu_free_at_start_mib": 140_000}, "b": {**stage, "gpu_free_at_start_mib": 139_800}}
+    left = {"a": {**stage, "gpu_free_at_start_mib": 140_000}, "b": {**stage, "gpu_free_at_start_mib": 120_000}}
+    assert smoke.checks(clean, gpu=True, sharded={"fsdp": True, "zero3": True})["memory_free_at_each_stage_start"] is True
+    assert smoke.checks(left, gpu=True, sharded={"fsdp": True, "zero3": True})["memory_free_at_each_stage_start"] is False

@@ -196,3 +196,64 @@ def test_a_threshold_the_rewards_reach_only_up_to_float_rounding_is_accepted(wri
 def test_a_task_benchmark_is_always_the_test_split(capsys):
     assert main(["eval", "--benchmark", "task:addition", "--task-arg", "split=train", "--completions", "x.jsonl", "--output", "o"]) == 2
     assert "task:addition: split: a task benchmark is always the task's test split; remove it" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+def test_shipped_recipes_build_their_trainer_configs_and_loggers(path):
+    """What each training stage hands TRL builds, and the loggers it names (report_to:
+    tensorboard in the GPU recipes) start: they come with r1kit's own install."""
+    from transformers.integrations import get_reporting_integration_callbacks
+
+    from r1kit import stages as registry
+    from r1kit.recipe import load_recipe
+    from r1kit.training import trainer_fields
+
+    recipe = load_recipe(path)
+    built = 0
+    for stage in recipe.stages:
+        kind = registry.get(stage.kind)
+        if kind.trainer_config is None:
+            continue
+        fields, _ = trainer_fields(stage, recipe, kind.trainer_defaults(stage))
+        args = kind.trainer_config()(**fields)
+        for callback in get_reporting_integration_callbacks(args.report_to):
+            callback()  # TensorBoardCallback raises here when tensorboard is missing
+        built += 1
+    assert built
+
+
+EVAL = {"name": "ev", "kind": "eval", "benchmarks": ["task:addition"], "task": {"n": 4}, "samples": 1}
+
+
+@pytest.mark.parametrize(
+    "model, tiny, stage, expected",
+    [
+        ("folder", {}, grpo(max_completion_length=2048),
+         "rl.trainer.max_completion_length: a 2048-token completion does not fit the model's context of 1024 tokens (max_position_embeddings in "),
+        ("folder", {}, grpo(vllm_max_model_length=4096, max_completion_length=512),
+         "rl.trainer.vllm_max_model_length: a 4096-token vLLM sequence does not fit the model's context of 1024 tokens"),
+        ("folder", {}, {**EVAL, "max_tokens": 1500}, "ev.max_tokens: a 1500-token completion does not fit the model's context of 1024 tokens"),
+        ("tiny", {"max_position_embeddings": 128}, grpo(max_completion_length=256), "rl.trainer.max_completion_length: a 256-token completion does not fit the model's context of 128 tokens (the tiny model's"),
+        ("org/hub-model", {}, grpo(use_vllm=True, max_completion_length=4096, vllm_max_model_length=4096),
+         "rl.trainer.max_completion_length: 4096 tokens leave no room for the prompt in trainer.vllm_max_model_length 4096"),
+        ("org/hub-model", {}, {**EVAL, "max_tokens": 4096, "backend_options": {"max_model_len": 4096}},
+         "ev.max_tokens: 4096 tokens leave no room for the prompt in backend_options.max_model_len 4096"),
+    ],
+)
+def test_token_budgets_that_cannot_fit_are_refused_by_validate(write_recipe, tiny_model, capsys, model, tiny, stage, expected):
+    recipe = {"model": str(tiny_model) if model == "folder" else model, "stages": [stage]}
+    if tiny:
+        recipe["tiny_model"] = tiny
+    path = write_recipe(recipe)
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and err.count("\n") == 1
+
+
+def test_budgets_within_the_context_pass_and_later_stages_inherit_it(write_recipe, tiny_model, capsys):
+    later = {**grpo(max_completion_length=2048), "name": "rl2"}
+    path = write_recipe({"model": str(tiny_model), "stages": [grpo(max_completion_length=1000), later]})
+    assert main(["validate", str(path)]) == 2  # rl2 starts from rl's model: the same 1024-token context
+    assert "rl2.trainer.max_completion_length: a 2048-token completion" in capsys.readouterr().err
+    path = write_recipe({"model": str(tiny_model), "stages": [grpo(max_completion_length=1000)]})
+    assert main(["validate", str(path)]) == 0

@@ -99,18 +99,18 @@ def run(ctx: StageContext) -> StageResult:
     tokenizer = AutoTokenizer.from_pretrained(ctx.model, padding_side="left")
     rows = prompt_rows(ctx, tokenizer)
     args = trainer_args(GRPOConfig, ctx, **trainer_defaults(stage))
-    model = lora.load_model(stage, ctx.model)
     checkpoint = last_checkpoint(ctx)
     metrics_path = ctx.dir / "metrics.jsonl"
     clock = RewardClock()
     kwargs = dict(
-        model=model,
+        model=ctx.model,  # TRL builds it: float32 master weights, args.model_init_kwargs applied
         reward_funcs=[clock.timed(reward_registry.for_trl(r)) for r in rewards],
         args=args,
         train_dataset=rows,
         processing_class=tokenizer,
         callbacks=[make_metrics_log(metrics_path, checkpoint_step(checkpoint) if checkpoint else None, ctx.is_main)],
         peft_config=lora.lora_config(stage),
+        quantization_config=lora.quantization_config(stage),
     )
     if stage.dynamic_sampling:
         trainer = DynamicSamplingGRPOTrainer(**kwargs, max_rounds=stage.dynamic_sampling_max_rounds)

@@ -63,12 +63,17 @@ def run(ctx: StageContext) -> StageResult:
     rows = _training_rows(ctx)
     args = trainer_args(SFTConfig, ctx, **DEFAULTS)
     tokenizer = AutoTokenizer.from_pretrained(ctx.model)
-    model = lora.load_model(ctx.stage, ctx.model)
     checkpoint = last_checkpoint(ctx)
     metrics_path = ctx.dir / "metrics.jsonl"
     callback = make_metrics_log(metrics_path, checkpoint_step(checkpoint) if checkpoint else None, ctx.is_main)
     trainer = SFTTrainer(
-        model=model, args=args, train_dataset=rows, processing_class=tokenizer, callbacks=[callback], peft_config=lora.lora_config(ctx.stage)
+        model=ctx.model,  # TRL builds it: float32 master weights, args.model_init_kwargs applied
+        args=args,
+        train_dataset=rows,
+        processing_class=tokenizer,
+        callbacks=[callback],
+        peft_config=lora.lora_config(ctx.stage),
+        quantization_config=lora.quantization_config(ctx.stage),
     )
     sizes = lora.parameters(trainer.model)
     out = train_and_save(trainer, ctx)

@@ -1,0 +1,131 @@
+"""Each stage in its own process: a stage starts on a clean device and leaves nothing behind.
+
+A stage's models, TRL's colocated vLLM engine, a reward model and the CUDA caching allocator
+live in memory that only the end of a process reliably returns; vLLM also keeps process-wide
+state (its distributed groups, ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` set by TRL's colocate mode)
+that a later engine in the same process would trip over. So `run(kind_name, ctx)` runs the
+stage's ``run`` in a fresh child process (``spawn``, never ``fork``: a CUDA context cannot be
+forked) and hands back its `StageResult`; the pipeline process itself never touches the GPU.
+
+- On by default where a CUDA GPU is present, off on CPU-only machines (where a stage holds no
+  device memory, and a new process costs a few seconds of imports); ``R1KIT_STAGE_PROCESS=1`` or
+  ``0`` overrides.
+- Errors for the user (`RecipeError`, `RewardError`) raised in the child are raised again in the
+  pipeline process, so they stay one line; anything else prints its traceback in the child and
+  the pipeline raises `StageProcessError` naming the stage and exit status.
+- The child dies with its parent (Linux ``PR_SET_PDEATHSIG``, elsewhere a watchdog thread): a
+  killed run leaves no stage running on its own, and re-running resumes as before.
+- In a distributed run every process's child joins a new process group of its own stage, on
+  ``MASTER_PORT`` + 1 + the stage's index (rank 0's child hosts its store), so no stage reuses
+  the rendezvous keys of an earlier one. The pipeline processes meanwhile wait on their
+  children, not in a collective.
+
+Not here: what a stage does (r1kit.stages) or the order of stages (r1kit.pipeline).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import sys
+import threading
+import time
+
+from r1kit.errors import RecipeError, RewardError
+from r1kit.stages.base import StageContext, StageResult
+
+ENV = "R1KIT_STAGE_PROCESS"
+
+
+class StageProcessError(RuntimeError):
+    """A stage's process failed on something other than bad input (its traceback is above)."""
+
+
+def enabled() -> bool:
+    """Whether stages run in their own processes here (see the module docstring)."""
+    value = os.environ.get(ENV, "").strip()
+    if value in ("0", "1"):
+        return value == "1"
+    if value:
+        raise RecipeError(f"{ENV}={value!r}: set 1 (each stage in its own process) or 0 (all in this one)")
+    from r1kit.training import has_gpu
+
+    return has_gpu()
+
+
+def call(kind_name: str, ctx: StageContext) -> StageResult:
+    """Run the stage in this process. With a CUDA GPU, its metrics gain ``gpu_free_at_start_mib``
+    (the device's free memory as the stage starts, whoever holds the rest) and ``gpu_peak_mib``
+    (the most this process's tensors held at once)."""
+    from r1kit import stages
+    from r1kit.training import has_gpu
+
+    if not has_gpu():
+        return stages.get(kind_name).run(ctx)
+    import torch
+
+    free, _ = torch.cuda.mem_get_info()
+    torch.cuda.reset_peak_memory_stats()
+    result = stages.get(kind_name).run(ctx)
+    result.metrics = {**result.metrics, "gpu_free_at_start_mib": round(free / 2**20), "gpu_peak_mib": round(torch.cuda.max_memory_allocated() / 2**20)}
+    return result
+
+
+def run(kind_name: str, ctx: StageContext, index: int) -> StageResult:
+    """Run stage kind `kind_name` on `ctx` in a fresh process; `index` is the stage's position
+    in the recipe (it picks the process group's port in a distributed run)."""
+    spawn = multiprocessing.get_context("spawn")
+    receive, send = spawn.Pipe(duplex=False)
+    child = spawn.Process(
+        target=_child,
+        args=(kind_name, ctx, index, send, os.getpid(), logging.getLogger().level),
+        name=f"r1kit-{ctx.stage.name}",
+    )
+    child.start()
+    send.close()
+    try:
+        outcome = receive.recv()
+    except EOFError:
+        outcome = None  # the child died before it could answer
+    finally:
+        child.join()
+    if outcome is not None and outcome[0] == "result":
+        return outcome[1]
+    if outcome is not None and outcome[0] == "user_error":
+        raise outcome[1]
+    raise StageProcessError(f"{ctx.stage.name}: the stage's process failed (exit status {child.exitcode}); its traceback is above")
+
+
+def _child(kind_name: str, ctx: StageContext, index: int, send, parent: int, level: int) -> None:
+    _die_with(parent)
+    logging.basicConfig(level=level, format="%(asctime)s r1kit %(message)s", datefmt="%H:%M:%S")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        os.environ["MASTER_PORT"] = str(int(os.environ.get("MASTER_PORT", "29500")) + 1 + index)
+        os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
+    try:
+        result = call(kind_name, ctx)
+    except (RecipeError, RewardError) as exc:
+        send.send(("user_error", exc))
+        return
+    send.send(("result", result))
+
+
+def _die_with(parent: int) -> None:
+    """End this process when `parent` ends, however it ends (SIGKILL included)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent ended before the call took effect
+            os._exit(1)
+        return
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
