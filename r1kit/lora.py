@@ -7,7 +7,8 @@
 
 - A stage with ``peft:`` (an empty mapping ``peft: {}`` is enough; a bare ``peft:`` is null, which
   means no adapter) trains a fresh LoRA adapter on its start
-  model through the trainer's ``peft_config``. r1kit's defaults, under the recipe's fields:
+  model through the trainer's ``peft_config``; its frozen base loads in the precision it is
+  stored in (`trainer_defaults`). r1kit's defaults, under the recipe's fields:
   ``task_type: CAUSAL_LM`` and ``target_modules: all-linear`` (every linear layer, MLPs
   included: "LoRA Without Regret", Schulman et al. 2025, finds attention-only LoRA falls
   behind full fine-tuning). The fields are checked like ``trainer:`` fields, and
@@ -73,6 +74,13 @@ def check(stage) -> None:
             BitsAndBytesConfig(**stage.quantization)
         except (ValueError, TypeError, AttributeError) as exc:  # AttributeError: a dtype name torch lacks
             raise RecipeError(f"{stage.name}.quantization: {' '.join(str(exc).split())}") from None
+
+
+def trainer_defaults(stage) -> dict[str, Any]:
+    """r1kit's trainer defaults for a LoRA stage: its frozen base keeps the precision it is stored
+    in (``model_init_kwargs: {dtype: auto}``; TRL would load float32), while peft keeps the
+    trained adapter in float32. Without ``peft:`` nothing: the weights train in float32."""
+    return {"model_init_kwargs": {"dtype": "auto"}} if stage.peft is not None else {}
 
 
 def lora_config(stage):

@@ -58,6 +58,9 @@ def is_main_process() -> bool:
 def barrier() -> None:
     """Wait for every process of a distributed run (a no-op in a single process)."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if stage_process.off_device():
+            stage_process.barrier()
+            return
         from accelerate import PartialState
 
         PartialState().wait_for_everyone()

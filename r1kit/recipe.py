@@ -118,9 +118,12 @@ def context_length(source: str, recipe: Recipe) -> tuple[int, str] | None:
     if not looks_local(source) or not config.is_file():
         return None
     try:
-        value = json.loads(config.read_text()).get("max_position_embeddings")
+        fields = json.loads(config.read_text())
     except (OSError, ValueError):
         return None
+    value = fields.get("max_position_embeddings")
+    if fields.get("rope_scaling") or (fields.get("rope_parameters") or {}).get("factor"):
+        return None  # scaled positions: vLLM and the model extend the context beyond this figure
     return (int(value), f"max_position_embeddings in {config}") if isinstance(value, int) else None
 
 
@@ -230,8 +233,14 @@ def check_trainer_config(spec, stage: StageConfig, recipe: Recipe) -> None:
     any compute. Nothing heavy is loaded."""
     from r1kit.training import trainer_fields
 
+    from r1kit import stage_process
+
     fields, _ = trainer_fields(stage, recipe, spec.trainer_defaults(stage))
     try:
-        spec.trainer_config()(**fields)
+        if stage_process.off_device():
+            with stage_process.hidden_world():
+                spec.trainer_config()(**fields)
+        else:
+            spec.trainer_config()(**fields)
     except (ValueError, TypeError) as exc:
         raise RecipeError(f"{stage.name}.trainer: {' '.join(str(exc).split())}") from None

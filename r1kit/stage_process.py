@@ -17,14 +17,17 @@ forked) and hands back its `StageResult`; the pipeline process itself never touc
   killed run leaves no stage running on its own, and re-running resumes as before.
 - In a distributed run every process's child joins a new process group of its own stage, on
   ``MASTER_PORT`` + 1 + the stage's index (rank 0's child hosts its store), so no stage reuses
-  the rendezvous keys of an earlier one. The pipeline processes meanwhile wait on their
-  children, not in a collective.
+  the rendezvous keys of an earlier one. The pipeline processes themselves stay off the GPU:
+  they build trainer configs for their checks as a single process would (`hidden_world`) and
+  meet in a gloo group with a week's timeout (`barrier`), never in NCCL. The port must be free
+  on the main node (as MASTER_PORT itself must be).
 
 Not here: what a stage does (r1kit.stages) or the order of stages (r1kit.pipeline).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -65,11 +68,47 @@ def call(kind_name: str, ctx: StageContext) -> StageResult:
         return stages.get(kind_name).run(ctx)
     import torch
 
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())  # this process's GPU, not GPU 0
     free, _ = torch.cuda.mem_get_info()
     torch.cuda.reset_peak_memory_stats()
     result = stages.get(kind_name).run(ctx)
     result.metrics = {**result.metrics, "gpu_free_at_start_mib": round(free / 2**20), "gpu_peak_mib": round(torch.cuda.max_memory_allocated() / 2**20)}
     return result
+
+
+def off_device() -> bool:
+    """True in the pipeline's own process of a distributed run whose stages run in processes of
+    their own: it must create no CUDA context and no NCCL group (see `hidden_world`, `barrier`)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and enabled()
+
+
+@contextlib.contextmanager
+def hidden_world():
+    """Inside: this process looks like a single one to accelerate, so building a trainer config
+    (which sets up accelerate's state) joins no process group and picks no GPU. Checks that
+    depend on the number of processes run again when the stage builds its config."""
+    names = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    saved = {n: os.environ.pop(n) for n in names if n in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def barrier() -> None:
+    """Wait for every pipeline process in a gloo group of their own (no GPU, no NCCL), with a
+    timeout of a week: a process waits here while the main one runs a stage alone, and a failed
+    process ends the run through the launcher, not through this timeout."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", timeout=datetime.timedelta(days=7))
+    dist.barrier()
 
 
 def run(kind_name: str, ctx: StageContext, index: int) -> StageResult:
@@ -84,12 +123,16 @@ def run(kind_name: str, ctx: StageContext, index: int) -> StageResult:
     )
     child.start()
     send.close()
+    outcome = None
     try:
         outcome = receive.recv()
     except EOFError:
         outcome = None  # the child died before it could answer
     finally:
-        child.join()
+        child.join(timeout=None if outcome is None else 300)
+        if child.is_alive():  # answered, then stuck on its way out (a library's exit hook)
+            child.kill()
+            child.join()
     if outcome is not None and outcome[0] == "result":
         return outcome[1]
     if outcome is not None and outcome[0] == "user_error":

@@ -122,3 +122,18 @@ def test_distributed_stages_each_get_a_process_group_of_their_own(write_recipe, 
     assert log.count("sft: running") == 2 and log.count("rl: running") == 2 and log.count("ev: running") == 1
     assert "in its own process" in log
     assert json.loads((tmp_path / "run" / "ev" / "DONE.json").read_text())["metrics"]
+
+
+def test_the_pipeline_processes_of_a_distributed_run_join_no_group_to_check_a_recipe(write_recipe, tiny_model):
+    """Building the trainer configs for the recipe checks sets up accelerate's state; in the
+    pipeline's own process of a distributed run it must join no process group (on a GPU it would
+    be NCCL, with a CUDA context on the device the stages need): rank 0 of a world of two checks
+    its recipe alone, without waiting for a rank 1 that never comes."""
+    path = write_recipe({"model": str(tiny_model), "stages": STAGES[:2]})
+    code = ("import torch.distributed as dist; from r1kit.recipe import load_recipe; "
+            f"load_recipe({str(path)!r}); print('initialized', dist.is_initialized())")
+    env = {**os.environ, "R1KIT_STAGE_PROCESS": "1", "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29731"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "initialized False" in done.stdout

@@ -181,7 +181,7 @@ def summarize(records: list[dict], rewards) -> dict[str, float]:
 def trainer_defaults(stage: GRPOStage) -> dict:
     """The paper's GRPO settings and the recipe's reward weights (as the registry reads them)."""
     rewards = reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards")
-    return {**PAPER_DEFAULTS, "reward_weights": [r.weight for r in rewards]}
+    return {**PAPER_DEFAULTS, "reward_weights": [r.weight for r in rewards], **lora.trainer_defaults(stage)}
 
 
 STAGE = StageKind(

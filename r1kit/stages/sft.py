@@ -61,7 +61,7 @@ def run(ctx: StageContext) -> StageResult:
     from trl import SFTConfig, SFTTrainer
 
     rows = _training_rows(ctx)
-    args = trainer_args(SFTConfig, ctx, **DEFAULTS)
+    args = trainer_args(SFTConfig, ctx, **trainer_defaults(ctx.stage))
     tokenizer = AutoTokenizer.from_pretrained(ctx.model)
     checkpoint = last_checkpoint(ctx)
     metrics_path = ctx.dir / "metrics.jsonl"
@@ -86,6 +86,11 @@ def run(ctx: StageContext) -> StageResult:
 
 DEFAULTS = {"logging_steps": 10}
 
+
+def trainer_defaults(stage: SFTStage) -> dict:
+    return DEFAULTS | lora.trainer_defaults(stage)
+
+
 STAGE = StageKind(
-    config=SFTStage, run=run, trainer_config=lambda: __import__("trl").SFTConfig, check=lora.check, trainer_defaults=lambda stage: DEFAULTS
+    config=SFTStage, run=run, trainer_config=lambda: __import__("trl").SFTConfig, check=lora.check, trainer_defaults=trainer_defaults
 )
