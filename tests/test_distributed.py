@@ -175,3 +175,21 @@ def test_dynamic_sampling_refills_each_process_with_its_own_prompts(write_recipe
     refills = {rank: {p for call in c[1:] for p in call} for rank, c in calls.items()}
     assert len(refills[0]) == len(refills[1]) == 3
     assert not refills[0] & refills[1], "two processes refilled with the same prompts"
+
+
+def test_rejection_sampling_runs_once_in_a_distributed_run(write_recipe, tiny_model, tmp_path):
+    """Like eval, the rejection stage samples on the main process alone: one journal with one
+    header, every prompt once, and the next training stage on every process trains on it."""
+    task = {"source": "task:addition", "task": {"n": 8, "digits": 1}}
+    stages = [
+        {"name": "rs", "kind": "rejection", "template": "plain", "data": task, "rewards": [{"name": "format", "mode": "lenient"}],
+         "samples": 2, "max_tokens": 8, "min_total": 0.0, "backend": "transformers", "chunk_prompts": 4},
+        {"name": "sft", "kind": "sft", "data": {"source": "rs"}, "trainer": {"max_steps": 2, "per_device_train_batch_size": 4}},
+    ]
+    path = write_recipe({"model": str(tiny_model), "stages": stages})
+    proc = cli("run", str(path), "--accelerate-config", str(CPU_DDP), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    log = proc.communicate()[0]
+    assert proc.returncode == 0, log[-3000:]
+    assert log.count("rs: running") == 1 and log.count("sft: running") == 2
+    journal = [json.loads(line) for line in (tmp_path / "run" / "rs" / "journal.jsonl").read_text().splitlines()]
+    assert sum("header" in line for line in journal) == 1 and len(journal) == 3  # the header and two chunks of 4 prompts

@@ -52,6 +52,7 @@ on the recipe seed and the chunk's position, so a resumed run samples what an un
 would (as far as the backend is deterministic). ``dataset.jsonl`` and ``stats.json`` are written at the end, through a temporary file and a
 rename. A journal written with another config, model or seed is refused.
 
+In a distributed run only the main process runs the stage (the others wait for its marker).
 Not here: training on the rows (sft / grpo stages), or more than one sampling process (on GPUs,
 pass ``tensor_parallel_size`` to vLLM in ``backend_options:``).
 """
@@ -347,4 +348,5 @@ def publish(ctx: StageContext, rows, prompts: list[dict]) -> StageResult:
     return StageResult(dataset=str(dataset), metrics=totals | {f"dropped_{k}": v for k, v in dropped.items() if v})
 
 
-STAGE = StageKind(config=RejectionStage, run=run, check=check)
+# One process samples (the main one of a distributed run), as for eval: one journal, one writer.
+STAGE = StageKind(config=RejectionStage, run=run, check=check, distributed=False)
