@@ -111,23 +111,20 @@ def sharded_reward_model(rm: str, work: Path) -> dict[str, bool]:
     """Two processes load the reward model under the loading conditions of ZeRO-3 and of FSDP
     with rank-0 loading (tests/rm_ranks.py, on the GPU when there is one): True where both got
     real weights and the same scores."""
-    import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from rm_ranks import launch
+
     out = {}
     for condition in ("fsdp", "zero3"):
         folder = work / f"rm_{condition}"
         folder.mkdir()
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        if condition == "fsdp":
-            env |= {"ACCELERATE_USE_FSDP": "true", "FSDP_CPU_RAM_EFFICIENT_LOADING": "true"}
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(root / "recipes/accelerate/cpu_ddp.yaml"),
-               str(root / "tests/rm_ranks.py"), rm, str(folder), condition]
-        if subprocess.run(cmd, env=env).returncode != 0:
+        done, ranks = launch(rm, folder, condition)
+        if ranks is None:
+            print(done.stderr[-2000:], file=sys.stderr)
             out[condition] = False
             continue
-        ranks = [json.loads((folder / f"rank{r}.json").read_text()) for r in (0, 1)]
         same = all(abs(a - b) < 1e-3 for a, b in zip(ranks[0]["scores"], ranks[1]["scores"]))
         out[condition] = ranks[0]["weights"] > 0 and abs(ranks[0]["weights"] - ranks[1]["weights"]) < 1e-3 * ranks[0]["weights"] and same
     return out

@@ -295,9 +295,14 @@ def _cmd_rewards_score(args) -> None:
 COMMANDS = {"run": _cmd_run, "validate": _cmd_validate, "tiny-model": _cmd_tiny}
 
 
+def setup_logging(level: int = logging.INFO) -> None:
+    """r1kit's log lines (``HH:MM:SS r1kit message``), for the CLI and the processes it starts."""
+    logging.basicConfig(level=level, format="%(asctime)s r1kit %(message)s", datefmt="%H:%M:%S")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s r1kit %(message)s", datefmt="%H:%M:%S")
+    setup_logging()
     try:
         if args.command == "rewards":
             {"list": _cmd_rewards_list, "score": _cmd_rewards_score}[args.rewards_command](args)

@@ -133,23 +133,25 @@ def _budgets(stage) -> list[tuple[str, int, str]]:
     sampling end at the model's context)."""
     import dataclasses
 
-    out = []
-    trainer = getattr(stage, "trainer", None) or {}
-    completion, limit = trainer.get("max_completion_length"), trainer.get("vllm_max_model_length")
-    where = ("trainer.max_completion_length", "trainer.vllm_max_model_length")
-    if stage.kind != "grpo":
-        defaults = {f.name: f.default for f in dataclasses.fields(stage)}
-        max_tokens = getattr(stage, "max_tokens", None)
-        completion = max_tokens if isinstance(max_tokens, int) and max_tokens != defaults.get("max_tokens") else None
+    if stage.kind == "grpo":
+        keys = ("trainer.max_completion_length", "trainer.vllm_max_model_length")
+        completion, limit = stage.trainer.get("max_completion_length"), stage.trainer.get("vllm_max_model_length")
+        vllm = bool(stage.trainer.get("use_vllm"))
+    else:
+        keys = ("max_tokens", "backend_options.max_model_len")
+        default = {f.name: f.default for f in dataclasses.fields(stage)}.get("max_tokens")
+        completion = getattr(stage, "max_tokens", None)
+        completion = completion if completion != default else None
         limit = (getattr(stage, "backend_options", None) or {}).get("max_model_len")
-        where = ("max_tokens", "backend_options.max_model_len")
+        vllm = True  # max_model_len is a vLLM option
+    out = []
     if isinstance(completion, int):
-        out.append((where[0], completion, "completion"))
+        out.append((keys[0], completion, "completion"))
     if isinstance(limit, int):
-        out.append((where[1], limit, "vLLM sequence"))
-        if isinstance(completion, int) and completion >= limit and (stage.kind != "grpo" or trainer.get("use_vllm")):
+        out.append((keys[1], limit, "vLLM sequence"))
+        if isinstance(completion, int) and completion >= limit and vllm:
             raise RecipeError(
-                f"{stage.name}.{where[0]}: {completion} tokens leave no room for the prompt in {where[1]} {limit}; "
+                f"{stage.name}.{keys[0]}: {completion} tokens leave no room for the prompt in {keys[1]} {limit}; "
                 "vLLM would stop every completion early"
             )
     return out
@@ -231,16 +233,14 @@ def check_trainer_config(spec, stage: StageConfig, recipe: Recipe) -> None:
     """Build the trainer library's config with exactly the fields the stage will run with, so its
     own consistency checks (batch sizes, loss options, precision on this machine) run before
     any compute. Nothing heavy is loaded."""
-    from r1kit.training import trainer_fields
+    import contextlib
 
     from r1kit import stage_process
+    from r1kit.training import trainer_fields
 
     fields, _ = trainer_fields(stage, recipe, spec.trainer_defaults(stage))
     try:
-        if stage_process.off_device():
-            with stage_process.hidden_world():
-                spec.trainer_config()(**fields)
-        else:
+        with stage_process.hidden_world() if stage_process.off_device() else contextlib.nullcontext():
             spec.trainer_config()(**fields)
     except (ValueError, TypeError) as exc:
         raise RecipeError(f"{stage.name}.trainer: {' '.join(str(exc).split())}") from None

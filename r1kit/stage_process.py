@@ -123,11 +123,11 @@ def run(kind_name: str, ctx: StageContext, index: int) -> StageResult:
     )
     child.start()
     send.close()
-    outcome = None
+    outcome = None  # stays None when the child dies before it answers
     try:
         outcome = receive.recv()
     except EOFError:
-        outcome = None  # the child died before it could answer
+        pass
     finally:
         child.join(timeout=None if outcome is None else 300)
         if child.is_alive():  # answered, then stuck on its way out (a library's exit hook)
@@ -141,8 +141,10 @@ def run(kind_name: str, ctx: StageContext, index: int) -> StageResult:
 
 
 def _child(kind_name: str, ctx: StageContext, index: int, send, parent: int, level: int) -> None:
+    from r1kit.cli import setup_logging
+
     _die_with(parent)
-    logging.basicConfig(level=level, format="%(asctime)s r1kit %(message)s", datefmt="%H:%M:%S")
+    setup_logging(level)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         os.environ["MASTER_PORT"] = str(int(os.environ.get("MASTER_PORT", "29500")) + 1 + index)
         os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"

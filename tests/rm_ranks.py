@@ -4,14 +4,32 @@ conditions of recipes/accelerate/fsdp.yaml (the environment flags accelerate set
 zero3.yaml (transformers' DeepSpeed ZeRO-3 switch on), and writes what it got.
 
     python -m accelerate.commands.launch --config_file recipes/accelerate/cpu_ddp.yaml tests/rm_ranks.py RM OUT fsdp|zero3
+
+`launch(rm, out, condition)` does that and returns the completed launch and each process's
+record (scores, weight sum), or None for the records when the launch failed.
 """
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+
+def launch(rm: str, out: Path, condition: str) -> tuple[subprocess.CompletedProcess, list[dict] | None]:
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if condition == "fsdp":  # what accelerate sets for recipes/accelerate/fsdp.yaml with rank-0 loading
+        env |= {"ACCELERATE_USE_FSDP": "true", "FSDP_CPU_RAM_EFFICIENT_LOADING": "true"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(root / "recipes/accelerate/cpu_ddp.yaml"),
+           str(Path(__file__).resolve()), rm, str(out), condition]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        return done, None
+    return done, [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
 class ZeRO3:

@@ -178,20 +178,10 @@ def test_every_process_loads_the_whole_reward_model_under_sharded_training(tiny_
     """Under FSDP's rank-0 loading (fsdp_cpu_ram_efficient_loading) the other processes would get
     zero-filled weights, and under ZeRO-3 a partitioned model; the reward loads every process's
     own whole copy, so each scores alike."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from rm_ranks import launch
 
-    root = Path(__file__).parents[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    if condition == "fsdp":  # what accelerate sets for recipes/accelerate/fsdp.yaml
-        env |= {"ACCELERATE_USE_FSDP": "true", "FSDP_CPU_RAM_EFFICIENT_LOADING": "true"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(root / "recipes/accelerate/cpu_ddp.yaml"),
-           str(root / "tests/rm_ranks.py"), tiny_rm, str(tmp_path), condition]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    done, ranks = launch(tiny_rm, tmp_path, condition)
+    assert ranks is not None, done.stdout[-2000:] + done.stderr[-3000:]
     assert ranks[0]["weights"] > 0 and ranks[1]["weights"] == pytest.approx(ranks[0]["weights"], rel=1e-6)
     assert ranks[1]["scores"] == pytest.approx(ranks[0]["scores"], abs=1e-5)
     assert ranks[0]["scores"] == pytest.approx(score(tiny_rm, ["It is 42.", "<think> 40 + 2 </think> 41"], prompt=["What is 40 + 2?"] * 2), abs=1e-5)
