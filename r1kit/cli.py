@@ -19,6 +19,7 @@ import logging
 import sys
 import time
 
+from r1kit import setup_logging
 from r1kit.errors import EvalError, RecipeError, RewardError
 
 log = logging.getLogger("r1kit")
@@ -293,11 +294,6 @@ def _cmd_rewards_score(args) -> None:
 
 
 COMMANDS = {"run": _cmd_run, "validate": _cmd_validate, "tiny-model": _cmd_tiny}
-
-
-def setup_logging(level: int = logging.INFO) -> None:
-    """r1kit's log lines (``HH:MM:SS r1kit message``), for the CLI and the processes it starts."""
-    logging.basicConfig(level=level, format="%(asctime)s r1kit %(message)s", datefmt="%H:%M:%S")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -141,7 +141,7 @@ def run(kind_name: str, ctx: StageContext, index: int) -> StageResult:
 
 
 def _child(kind_name: str, ctx: StageContext, index: int, send, parent: int, level: int) -> None:
-    from r1kit.cli import setup_logging
+    from r1kit import setup_logging
 
     _die_with(parent)
     setup_logging(level)
