@@ -43,6 +43,8 @@ sample: id, sample, completion, correct, tokens, truncated, and the extracted an
 the failure reason and tests passed for code) and ``summary.json`` (written atomically at the
 end; for code it records the sandbox limits). Each finished problem's samples are appended and synced, so a
 killed run resumes: finished problems are kept, a half-written tail is cut off, the rest runs.
+The eval stage of a distributed run shares the problems among its processes (`evaluate`'s
+``shard`` and ``shards``): each appends to a file of its own, which the main process merges.
 
 Not here: multiple-choice benchmarks, LLM judges, proofs, special judges for code. A resumed run samples the
 remaining problems with other random streams than an uninterrupted run would.
@@ -134,21 +136,39 @@ def _claim(out: Path, settings: dict) -> None:
     write_atomic(out / "settings.json", json.dumps(settings, indent=2) + "\n")
 
 
-def read_samples(path: Path, bench: Benchmark, k: int) -> list[dict]:
-    """Rows of problems with all k samples in `path`; a partial last line and the rows of an
-    unfinished problem are removed from the file."""
-    if not path.exists():
-        return []
-    lines, partial = complete_lines(path)
-    rows = [json.loads(line) for line in lines if line.strip()]
-    counts = Counter(r["id"] for r in rows)
-    keep = [r for r in rows if counts[r["id"]] == k]
-    partial = partial > 0
-    if partial or len(keep) != len(rows):
-        log.info("%s: dropped %d rows of unfinished problems", path, len(rows) - len(keep) + partial)
-        write_atomic(path, "".join(json.dumps(r) + "\n" for r in keep))
+SAMPLES = "samples.jsonl"
+
+
+def shard_file(out: Path, shard: int) -> Path:
+    """Where the process of shard N appends its samples: samples.jsonl for shard 0 (the main
+    process's), samples.shardN.jsonl for the others."""
+    return out / (SAMPLES if shard == 0 else f"samples.shard{shard}.jsonl")
+
+
+def _shards(out: Path) -> list[Path]:
+    """The sample files in `out`, the main process's first."""
+    others = sorted(out.glob("samples.shard*.jsonl"), key=lambda p: int(p.name.split(".")[1][5:]))
+    return [path for path in [shard_file(out, 0)] if path.exists()] + others
+
+
+def read_samples(out: Path, bench: Benchmark, k: int, shard: int = 0) -> list[dict]:
+    """Rows of problems with all k samples, from the files of every shard in `out` (a problem
+    complete in two counts once); this process's own file (`shard`'s) loses a partial last line
+    and the rows of unfinished problems."""
     ids = {p.id for p in bench.problems}
-    return [r for r in keep if r["id"] in ids]
+    rows, seen = [], set()
+    for path in _shards(out):
+        lines, partial = complete_lines(path)
+        found = [json.loads(line) for line in lines if line.strip()]
+        counts = Counter(r["id"] for r in found)
+        keep = [r for r in found if counts[r["id"]] == k]
+        if path == shard_file(out, shard) and (partial or len(keep) != len(found)):
+            log.info("%s: dropped %d rows of unfinished problems", path, len(found) - len(keep) + (partial > 0))
+            write_atomic(path, "".join(json.dumps(r) + "\n" for r in keep))
+        new = {r["id"] for r in keep} - seen
+        rows += [r for r in keep if r["id"] in new and r["id"] in ids]
+        seen |= new
+    return rows
 
 
 def limits(settings: Protocol) -> Limits:
@@ -171,6 +191,11 @@ SEQUENCES_PER_CALL = 512
 """Samples per generate call: each call's problems are written when it returns."""
 
 
+def calls(bench: Benchmark, samples: int) -> int:
+    """How many generate calls `bench` takes at `samples` per problem."""
+    return -(-len(bench.problems) // max(1, SEQUENCES_PER_CALL // samples))
+
+
 def evaluate(
     bench: Benchmark,
     out_dir: str | Path,
@@ -179,11 +204,21 @@ def evaluate(
     model: str,
     backend: str = "auto",
     sampler: Callable[[], Any] | None = None,
-) -> dict[str, Any]:
+    shard: int = 0,
+    shards: int = 1,
+    first_call: int = 0,
+) -> dict[str, Any] | None:
     """Sample, score and summarize `bench` for `model` into `out_dir`, resuming what is there.
 
     `sampler` returns the sampler to use (default: `load_sampler(model, backend)`); it is called
     only when problems are left to generate. Returns the summary (also in summary.json).
+
+    Problems go in calls of `SEQUENCES_PER_CALL` samples, each seeded by its first problem's
+    position. With `shards` > 1 this process samples only the calls whose number (counted from
+    `first_call`: an eval stage numbers the calls of all its benchmarks in one sequence) is
+    `shard` modulo `shards`, into a file of its own (`shard_file`), and returns None; once every
+    shard is done, one call with the default `shard` and `shards` merges the files into
+    samples.jsonl in problem order (the rows of a single-process run) and summarizes.
     """
     from r1kit import templates
     from r1kit.sampling import SamplingParams
@@ -195,10 +230,12 @@ def evaluate(
         head = {k: v for k, v in head.items() if not k.startswith("code_")}
     claim = {"benchmark": bench.config, **head}
     _refuse_other(out, claim)
-    path = out / "samples.jsonl"
-    rows = read_samples(path, bench, settings.samples)
+    rows = read_samples(out, bench, settings.samples, shard)
     done = {r["id"] for r in rows}
-    todo = [(i, p) for i, p in enumerate(bench.problems) if p.id not in done]
+    per_call = max(1, SEQUENCES_PER_CALL // settings.samples)
+    starts = range(0, len(bench.problems), per_call)
+    todo = [(s, [p for p in bench.problems[s : s + per_call] if p.id not in done]) for s in starts if (first_call + s // per_call) % shards == shard]
+    todo = [(s, chunk) for s, chunk in todo if chunk]
     if todo:
         if sampler is None:
             from r1kit.sampling import load_sampler
@@ -206,22 +243,31 @@ def evaluate(
             sampler = lambda: load_sampler(model, backend)  # noqa: E731
         engine = sampler()  # a model that cannot be loaded leaves the folder as it was
         _claim(out, claim)
-        log.info("%s: %d problems to generate (%d done), %s backend", bench.name, len(todo), len(done), engine.backend)
-        per_call = max(1, SEQUENCES_PER_CALL // settings.samples)
-        with open(path, "a") as f:
-            for start in range(0, len(todo), per_call):
-                chunk = [p for _, p in todo[start : start + per_call]]
+        left = sum(len(chunk) for _, chunk in todo)
+        log.info("%s: %d problems to generate (%d done), %s backend", bench.name, left, len(done), engine.backend)
+        with open(shard_file(out, shard), "a") as f:
+            for start, chunk in todo:
                 prompts = [templates.render(settings.template, p.problem, engine.tokenizer, settings.think_prefill) for p in chunk]
-                # Seeded by the first problem's position, so a rerun of the same chunk samples the same.
-                params = SamplingParams(settings.temperature, settings.top_p, settings.max_tokens, settings.seed + todo[start][0])
+                # Seeded by the call's first position, so a rerun of the same call samples the same.
+                params = SamplingParams(settings.temperature, settings.top_p, settings.max_tokens, settings.seed + start)
                 completions = engine.generate_full(prompts, settings.samples, params)
                 new = score(chunk, completions, settings.answer_fallback, limits(settings), settings.think_prefill)
                 for p in chunk:
                     append_synced(f, "".join(json.dumps(r) + "\n" for r in new if r["id"] == p.id))
                 rows += new
-                log.info("%s: %d/%d problems", bench.name, len(done) + start + len(chunk), len(bench.problems))
+                where = f" (shard {shard} of {shards})" if shards > 1 else ""
+                log.info("%s: problems %d-%d of %d sampled%s", bench.name, start, min(start + per_call, len(bench.problems)) - 1, len(bench.problems), where)
     else:
         _claim(out, claim)
+    if shards > 1:
+        return None
+    others = [path for path in _shards(out) if path != shard_file(out, 0)]
+    if others:  # the shards of a distributed run: one file, in problem order
+        position = {p.id: i for i, p in enumerate(bench.problems)}
+        rows.sort(key=lambda r: (position[r["id"]], r["sample"]))
+        write_atomic(shard_file(out, 0), "".join(json.dumps(r) + "\n" for r in rows))
+        for path in others:
+            path.unlink()
     return _finish(out, bench, rows, settings.samples, head, limits(settings))
 
 
@@ -282,7 +328,7 @@ def score_completions(
     head = {"model": None, "completions": str(path), "samples": k, "answer_fallback": fallback}
     _claim(out, {"benchmark": bench.config, **head})
     rows = score(bench.problems, [given[i] for i in ids], fallback, sandbox, prefilled)
-    write_atomic(out / "samples.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    write_atomic(out / SAMPLES, "".join(json.dumps(r) + "\n" for r in rows))
     return _finish(out, bench, rows, k, head, sandbox)
 
 

@@ -1,31 +1,47 @@
 """Files that survive a kill: whole files replaced atomically, and append-only logs.
 
 - `write_atomic(path, text)`: the file holds the old text or the new one, never a mix: written
-  to a temporary file beside it, synced, then renamed over it.
+  to a temporary file beside it, synced, then renamed over it. `atomic_file(path)` does the same
+  for text written piece by piece (a file too large to hold in memory).
 - `append_synced(f, text)`: an append that is on disk when it returns (flush and fsync).
 - `complete_lines(path)` and `drop_partial_line(path, partial)`: the lines of an append-only file
   up to its last newline, and, once the caller has accepted the file, the cut of a partial last
-  line (a kill in the middle of a write), so the next append starts clean.
+  line (a kill in the middle of a write), so the next append starts clean. `line_offsets(path)`
+  walks the complete lines one at a time, with where each starts, for files read by streaming.
 
 Folders that are built in place and renamed when done (converted models) do it themselves.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
-from typing import IO
+from typing import IO, Iterator
 
 log = logging.getLogger("r1kit")
 
 
 def write_atomic(path: Path, text: str) -> None:
+    with atomic_file(path) as f:
+        f.write(text)
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path) -> Iterator[IO[str]]:
+    """A file to write `path` through: renamed over it, synced, when the block ends without an
+    error; removed, leaving `path` as it was, when the block raises."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        append_synced(f, text)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def append_synced(f: IO[str], text: str) -> None:
@@ -40,6 +56,18 @@ def complete_lines(path: Path) -> tuple[list[str], int]:
     data = Path(path).read_bytes() if Path(path).exists() else b""
     end = data.rfind(b"\n") + 1  # past the last complete line
     return data[:end].decode().splitlines(), len(data) - end
+
+
+def line_offsets(path: Path) -> Iterator[tuple[int, bytes]]:
+    """(offset, line) for each complete line of `path`, read one at a time; a partial last line
+    (no newline yet: a kill or a write in progress) is left out."""
+    with open(path, "rb") as f:
+        offset = 0
+        for line in f:
+            if not line.endswith(b"\n"):
+                return
+            yield offset, line
+            offset += len(line)
 
 
 def drop_partial_line(path: Path, partial: int) -> None:

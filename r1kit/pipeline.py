@@ -7,11 +7,12 @@
       <stage>/DONE.json        completion marker: config fingerprint, outputs, metrics, wall time
 
 A stage is done when its marker exists; markers are written atomically, after the stage's outputs.
-Under `accelerate launch` (or torchrun) every process runs the training stages together; only the
-main process writes the run folder's files, builds models and runs generation-only stages
-(rejection sampling, evaluation, which scale through vLLM's own parallelism instead), and the
-others wait for it at each stage boundary. Where a CUDA GPU is present each stage runs in a
-process of its own, so it starts on a free device (r1kit.stage_process).
+Under `accelerate launch` (or torchrun) every process runs every stage: the training stages
+together, the generation stages (rejection sampling, evaluation) each on its own shard of the
+prompts, which the main process then merges. Only the main process writes the run folder's
+files and builds models; the others wait for it at each stage boundary, in a process group whose
+timeout no stage outlasts (`stage_process.barrier`). Where a CUDA GPU is present each stage runs
+in a process of its own, so it starts on a free device (r1kit.stage_process).
 Re-running a recipe skips finished stages and resumes an unfinished one (training stages pick up
 their last checkpoint). A finished stage whose config changed is refused unless the run says
 ``restart_from`` that stage (or an earlier one): then that stage and all after it are redone.
@@ -53,17 +54,6 @@ PACKAGES = ["r1kit", "torch", "transformers", "trl", "accelerate", "datasets", "
 
 def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
-
-
-def barrier() -> None:
-    """Wait for every process of a distributed run (a no-op in a single process)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        if stage_process.off_device():
-            stage_process.barrier()
-            return
-        from accelerate import PartialState
-
-        PartialState().wait_for_everyone()
 
 
 def write_json_atomic(path: Path, data) -> None:
@@ -187,6 +177,7 @@ def run(recipe: Recipe, restart_from: str | None = None) -> dict[str, dict]:
     from r1kit.training import resolve_model
 
     preflight(recipe)
+    stage_process.barrier()  # every process joins the run's group before the main one builds anything
     isolate = stage_process.enabled()
     the_plan = plan(recipe, restart_from)
     out = Path(recipe.output_dir)
@@ -211,25 +202,23 @@ def run(recipe: Recipe, restart_from: str | None = None) -> dict[str, dict]:
         )
     if main:
         model = resolve_model(recipe.model, recipe)
-    barrier()
+    stage_process.barrier()
     model = resolve_model(recipe.model, recipe)  # built by the main process: found on disk
     stage_models: dict[str, str] = {}
     datasets: dict[str, str] = {}
     records: dict[str, dict] = {}
     for index, stage in enumerate(recipe.stages):
-        kind = stage_registry.get(stage.kind)
         if stage.name in the_plan.done:
             record = the_plan.done[stage.name]
             log.info("%s: finished earlier, skipped", stage.name)
-        elif not main and not kind.distributed:
-            barrier()  # the main process runs it alone; its marker tells the rest what it made
-            record = json.loads((out / stage.name / MARKER).read_text())
         else:
             start = stage_models.get(stage.model, stage.model) if stage.model else model
             start = resolve_model(start, recipe)
             (out / stage.name).mkdir(parents=True, exist_ok=True)
+            rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
             ctx = stage_registry.StageContext(
-                recipe=recipe, stage=stage, dir=out / stage.name, model=start, datasets=dict(datasets), is_main=main
+                recipe=recipe, stage=stage, dir=out / stage.name, model=start, datasets=dict(datasets), is_main=main,
+                rank=rank, world=world, barrier=stage_process.barrier,
             )
             log.info("%s: running (%s) from %s%s", stage.name, stage.kind, start, " in its own process" if isolate else "")
             t0 = time.time()
@@ -248,7 +237,9 @@ def run(recipe: Recipe, restart_from: str | None = None) -> dict[str, dict]:
             if main:
                 write_json_atomic(out / stage.name / MARKER, record)
                 log.info("%s: done in %.1fs", stage.name, record["wall_s"])
-            barrier()
+            stage_process.barrier()
+            if not main:  # the main process's record: what it merged and reported
+                record = json.loads((out / stage.name / MARKER).read_text())
         records[stage.name] = record
         if record["model"]:
             model = record["model"]

@@ -19,7 +19,8 @@ forked) and hands back its `StageResult`; the pipeline process itself never touc
   ``MASTER_PORT`` + 1 + the stage's index (rank 0's child hosts its store), so no stage reuses
   the rendezvous keys of an earlier one. The pipeline processes themselves stay off the GPU:
   they build trainer configs for their checks as a single process would (`hidden_world`) and
-  meet in a gloo group with a week's timeout (`barrier`), never in NCCL. The port must be free
+  meet in a gloo group with a week's timeout (`barrier`, which every process of a distributed
+  run uses, with or without stage processes), never in NCCL. The port must be free
   on the main node (as MASTER_PORT itself must be).
 
 Not here: what a stage does (r1kit.stages) or the order of stages (r1kit.pipeline).
@@ -28,6 +29,7 @@ Not here: what a stage does (r1kit.stages) or the order of stages (r1kit.pipelin
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import multiprocessing
 import os
@@ -98,17 +100,35 @@ def hidden_world():
         AcceleratorState._reset_state(reset_partial_state=True)
 
 
-def barrier() -> None:
-    """Wait for every pipeline process in a gloo group of their own (no GPU, no NCCL), with a
-    timeout of a week: a process waits here while the main one runs a stage alone, and a failed
-    process ends the run through the launcher, not through this timeout."""
-    import datetime
+WAIT = datetime.timedelta(days=7)
+"""How long `barrier` waits: longer than any stage, so only the launcher ends a failed run."""
+_group = None  # this process's gloo group for `barrier`
 
+
+def barrier() -> None:
+    """Wait for every process of a distributed run (a no-op in a single process), in a gloo
+    group of r1kit's own whose timeout is a week (`WAIT`). Processes wait here while the main one
+    builds a model, runs a stage alone or merges the shards of a generation stage, and while
+    other processes finish their shards: hours at R1's scale, where a process group's default
+    timeout would end the run (30 minutes with gloo, 10 with NCCL in recent torch). A failed
+    process ends the run through the launcher, which stops the others. Training stages keep
+    their trainer's own group and timeout. The first call creates the group: every process makes
+    it at the start of the run (r1kit.pipeline), before any long work."""
+    global _group
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
     import torch.distributed as dist
 
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", timeout=datetime.timedelta(days=7))
-    dist.barrier()
+    if _group is None:
+        if not dist.is_initialized():
+            if off_device():
+                dist.init_process_group("gloo", timeout=WAIT)
+            else:
+                from accelerate import PartialState
+
+                PartialState()  # the default group, as the stages' trainers will use it
+        _group = dist.new_group(backend="gloo", timeout=WAIT)
+    dist.barrier(group=_group)
 
 
 def run(kind_name: str, ctx: StageContext, index: int) -> StageResult:

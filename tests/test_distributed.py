@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -177,19 +178,107 @@ def test_dynamic_sampling_refills_each_process_with_its_own_prompts(write_recipe
     assert not refills[0] & refills[1], "two processes refilled with the same prompts"
 
 
-def test_rejection_sampling_runs_once_in_a_distributed_run(write_recipe, tiny_model, tmp_path):
-    """Like eval, the rejection stage samples on the main process alone: one journal with one
-    header, every prompt once, and the next training stage on every process trains on it."""
-    task = {"source": "task:addition", "task": {"n": 8, "digits": 1}}
-    stages = [
-        {"name": "rs", "kind": "rejection", "template": "plain", "data": task, "rewards": [{"name": "format", "mode": "lenient"}],
-         "samples": 2, "max_tokens": 8, "min_total": 0.0, "backend": "transformers", "chunk_prompts": 4},
-        {"name": "sft", "kind": "sft", "data": {"source": "rs"}, "trainer": {"max_steps": 2, "per_device_train_batch_size": 4}},
-    ]
-    path = write_recipe({"model": str(tiny_model), "stages": stages})
-    proc = cli("run", str(path), "--accelerate-config", str(CPU_DDP), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+HOLD_CALLS = 0
+
+
+def hold_on_rank(completions, **columns):
+    """Not applicable to any sample (None). In a run started with ``hold.env(reward_calls=N,
+    rank=R)``, call N+1 on process R writes the hold marker and sleeps until killed."""
+    global HOLD_CALLS
+    spec = json.loads(os.environ.get("R1KIT_TEST_HOLD", "{}"))
+    if spec.get("rank") == int(os.environ.get("RANK", "0")) and HOLD_CALLS == spec.get("reward_calls"):
+        Path(f"{spec['marker']}.{os.getpid()}").write_text("held")
+        while True:
+            time.sleep(60)
+    HOLD_CALLS += 1
+    return [None] * len(completions)
+
+
+REJECTION = {
+    "name": "rs", "kind": "rejection", "template": "plain", "data": {"source": "task:addition", "task": {"n": 24, "digits": 1}},
+    "rewards": [{"name": "format", "mode": "lenient"}, {"name": "test_distributed:hold_on_rank"}],
+    "samples": 3, "max_tokens": 8, "min_total": 0.0, "backend": "transformers", "chunk_prompts": 4,
+    "filters": {k: False for k in ("truncated", "mixed_language", "code_in_cot", "repetition", "exact_duplicates", "near_duplicates")},
+}
+EVAL = {  # 16 samples a problem: calls of 32 problems (SEQUENCES_PER_CALL), 3 for addition, 1 for last_digit
+    "name": "ev", "kind": "eval", "benchmarks": ["task:addition", "task:last_digit"],
+    "task": {"addition": {"n": 80, "digits": 2}, "last_digit": {"n": 20}}, "samples": 16, "max_tokens": 8, "backend": "transformers",
+}
+
+
+def generation_recipe(write_recipe, model, out, name, stages=(REJECTION, EVAL)):
+    return write_recipe({"model": str(model), "output_dir": str(out), "stages": list(stages)}, name)
+
+
+def files(folder: Path) -> dict[str, str]:
+    """The stage outputs that must not depend on the number of processes."""
+    names = ["rs/dataset.jsonl", "rs/stats.json", "ev/results.md"]
+    names += [f"ev/{bench}/{name}" for bench in ("addition", "last_digit") for name in ("samples.jsonl", "summary.json")]
+    return {n: (folder / n).read_text() for n in names if (folder / n).exists()}
+
+
+def test_generation_stages_shard_across_processes_and_match_one(write_recipe, tiny_model, tmp_path):
+    """Rejection sampling and eval share their prompts between the processes and give exactly the
+    rows and figures of a single process; the next training stage trains on every process on the
+    dataset the main one merged."""
+    sft = {"name": "sft", "kind": "sft", "data": {"source": "rs"}, "trainer": {"max_steps": 2, "per_device_train_batch_size": 4}}
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p)}
+    single = generation_recipe(write_recipe, tiny_model, tmp_path / "single", "s.yaml")
+    assert cli("run", str(single), env=env).wait() == 0
+    double = generation_recipe(write_recipe, tiny_model, tmp_path / "double", "d.yaml", (REJECTION, EVAL, sft))
+    proc = cli("run", str(double), "--accelerate-config", str(CPU_DDP), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     log = proc.communicate()[0]
     assert proc.returncode == 0, log[-3000:]
-    assert log.count("rs: running") == 1 and log.count("sft: running") == 2
-    journal = [json.loads(line) for line in (tmp_path / "run" / "rs" / "journal.jsonl").read_text().splitlines()]
-    assert sum("header" in line for line in journal) == 1 and len(journal) == 3  # the header and two chunks of 4 prompts
+    assert log.count("rs: running") == log.count("ev: running") == log.count("sft: running") == 2
+    rs = tmp_path / "double" / "rs"
+    journals = {p.name: [json.loads(line) for line in p.read_text().splitlines()] for p in rs.glob("journal*.jsonl")}
+    assert {name: [line.get("chunk") for line in lines] for name, lines in journals.items()} == {
+        "journal.jsonl": [None, 0, 2, 4], "journal.shard1.jsonl": [None, 1, 3, 5],  # a header, then the process's own chunks
+    }
+    assert "addition: problems 32-63 of 80 sampled (shard 1 of 2)" in log  # the stage's calls 0-3 alternate
+    assert "last_digit: problems 0-19 of 20 sampled (shard 1 of 2)" in log
+    assert not list((tmp_path / "double" / "ev").glob("*/samples.shard*"))  # merged into samples.jsonl
+    expected = files(tmp_path / "single")
+    assert len(expected) == 7 and files(tmp_path / "double") == expected
+    assert (tmp_path / "double" / "sft" / "DONE.json").is_file()
+
+
+def test_killed_process_of_a_sharded_stage_resumes(write_recipe, tiny_model, tmp_path, hold, wait_gone):
+    """SIGKILL of one process in the middle of its shard: the re-run redoes only the chunks that
+    were in flight, and the rows are those of an uninterrupted run, none lost, none twice."""
+    whole = generation_recipe(write_recipe, tiny_model, tmp_path / "whole", "w.yaml", (REJECTION,))
+    env = hold.env()
+    assert cli("run", str(whole), env=env).wait() == 0
+    path = generation_recipe(write_recipe, tiny_model, tmp_path / "run", "r.yaml", (REJECTION,))
+    # Process 1 holds while scoring its second chunk (chunk 3), its first (chunk 1) journaled.
+    held = {**hold.env(reward_calls=1, rank=1), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "r1kit.cli", "run", str(path), "--accelerate-config", str(CPU_DDP)],
+        env=held, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    [worker] = hold.wait(proc)
+    os.kill(worker, signal.SIGKILL)  # one process; the launcher then ends the other
+    assert proc.wait(timeout=120) != 0
+    kill_tree(proc.pid)
+    rs = tmp_path / "run" / "rs"
+    assert [json.loads(line).get("chunk") for line in (rs / "journal.shard1.jsonl").read_text().splitlines()] == [None, 1]
+    assert not (rs / "dataset.jsonl").exists() and not (rs / "DONE.json").exists()
+    again = cli("run", str(path), "--accelerate-config", str(CPU_DDP), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    log = again.communicate()[0]
+    assert again.returncode == 0, log[-3000:]
+    assert "resuming" in log
+    chunks = [json.loads(line).get("chunk") for p in rs.glob("journal*.jsonl") for line in p.read_text().splitlines()]
+    assert sorted(c for c in chunks if c is not None) == [0, 1, 2, 3, 4, 5]  # every chunk journaled once
+    assert files(tmp_path / "run") == files(tmp_path / "whole")
+
+
+def test_a_generation_stage_outlasts_a_short_process_group_timeout(write_recipe, tiny_model, tmp_path):
+    """Process 1 has no share of a one-call eval and waits for process 0 for longer than the
+    run's process group allows (1 s here, 30 minutes by default with gloo): the wait is in r1kit's
+    own group, which does not time out."""
+    stage = {**EVAL, "benchmarks": ["task:addition"], "task": {"n": 24, "digits": 2}, "samples": 8, "max_tokens": 48}  # one call, seconds
+    path = generation_recipe(write_recipe, tiny_model, tmp_path / "run", "r.yaml", (stage,))
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CPU_DDP), str(Path(__file__).parent / "short_timeout.py"), "1", str(path)]
+    proc = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "run" / "ev" / "DONE.json").read_text())["wall_s"] > 2

@@ -229,6 +229,28 @@ def test_an_interrupted_run_resumes_with_only_the_missing_problems(tmp_path, mon
     assert third.prompts == [p.problem for p in longer.problems[6:]]
 
 
+def test_shards_of_a_distributed_eval_merge_into_the_single_process_rows(tmp_path, monkeypatch):
+    """Shard 1 of 2 samples calls 1 (and 3, ...) into a file of its own; the merging call samples
+    what no shard did (shard 0's calls here: its process was killed) and writes samples.jsonl in
+    problem order, the rows and summary of one process."""
+    monkeypatch.setattr(ev, "SEQUENCES_PER_CALL", 8)  # two problems per generate call: 3 calls
+    bench = addition()
+    expected = ev.evaluate(bench, tmp_path / "ref", SETTINGS, model="m", sampler=ScriptedSampler)
+    out = tmp_path / "run"
+    one = ScriptedSampler()
+    assert ev.evaluate(bench, out, SETTINGS, model="m", sampler=lambda: one, shard=1, shards=2) is None
+    assert one.prompts == [p.problem for p in bench.problems[2:4]] and not (out / "summary.json").exists()
+    assert len((out / "samples.shard1.jsonl").read_text().splitlines()) == 8
+    merged = ScriptedSampler()
+    assert ev.evaluate(bench, out, SETTINGS, model="m", sampler=lambda: merged) == expected
+    assert merged.prompts == [p.problem for p in bench.problems[:2] + bench.problems[4:]]  # what shard 0 did not
+    assert (out / "samples.jsonl").read_text() == (tmp_path / "ref" / "samples.jsonl").read_text()
+    assert not (out / "samples.shard1.jsonl").exists()
+    later = ScriptedSampler()  # a benchmark after one of a single call, in one eval stage: its calls start at 1
+    ev.evaluate(bench, tmp_path / "later", SETTINGS, model="m", sampler=lambda: later, shard=1, shards=2, first_call=1)
+    assert later.prompts == [p.problem for p in bench.problems[:2] + bench.problems[4:]]
+
+
 def test_a_folder_with_other_settings_is_refused(tmp_path):
     ev.evaluate(addition(2), tmp_path, SETTINGS, model="m", sampler=ScriptedSampler)
     with pytest.raises(EvalError, match=r"other settings \(changed: temperature\)"):

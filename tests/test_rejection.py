@@ -236,3 +236,26 @@ def test_resume_after_sigkill_loses_nothing_and_duplicates_nothing(write_recipe,
     assert len(set(key(got))) == len(got)  # no duplicates
     assert key(got) == key(expected)  # no loss, nothing extra
     assert json.loads((out / "stats.json").read_text()) == json.loads((tmp_path / "whole" / "rej" / "stats.json").read_text())
+
+
+def test_a_journal_of_another_number_of_processes_resumes(write_recipe, cold_start, tmp_path):
+    """Process 1 of a 2-process run journals its shard (chunks 1, 3, 5) and the run ends; a
+    single process resumes from that journal, samples only chunks 0, 2, 4, and writes what an
+    uninterrupted single-process run writes."""
+    from r1kit.stages import StageContext
+    from r1kit.stages.rejection import run
+
+    rej = stage(n=12, samples=4, chunk_prompts=2)
+    whole = write_recipe({"model": str(cold_start), "output_dir": str(tmp_path / "whole"), "stages": [rej]}, "whole.yaml")
+    expected = read_rows(pipeline.run(load_recipe(whole))["rej"]["dataset"])
+    path = write_recipe({"model": str(cold_start), "output_dir": str(tmp_path / "run"), "stages": [rej]}, "run.yaml")
+    recipe, out = load_recipe(path), tmp_path / "run" / "rej"
+    out.mkdir(parents=True)
+    ctx = StageContext(recipe=recipe, stage=recipe.stages[0], dir=out, model=str(cold_start), datasets={}, is_main=False, rank=1, world=2)
+    assert run(ctx).dataset is None  # not the main process: it merges nothing
+    assert [json.loads(line).get("chunk") for line in (out / "journal.shard1.jsonl").read_text().splitlines()] == [None, 1, 3, 5]
+    assert not (out / "journal.jsonl").exists()
+    assert read_rows(pipeline.run(load_recipe(path))["rej"]["dataset"]) == expected
+    main_chunks = [json.loads(line).get("chunk") for line in (out / "journal.jsonl").read_text().splitlines()]
+    assert main_chunks == [None, 0, 2, 4]
+    assert json.loads((out / "stats.json").read_text()) == json.loads((tmp_path / "whole" / "rej" / "stats.json").read_text())

@@ -93,3 +93,26 @@ def test_vllm_on_cpu_samples_a_batch_above_the_schedulers_token_budget(vllm_samp
     assert len(out) == 64 and all(len(row) == 2 and all(1 <= c.tokens <= 4 for c in row) for row in out)
     again = vllm_sampler.generate_full(prompts[:3], n=2, params=SamplingParams(temperature=1.0, max_tokens=4, seed=1))
     assert [[c.text for c in row] for row in again] == [[c.text for c in row] for row in out[:3]]  # a prompt's samples do not depend on the batch
+
+
+def test_generation_shards_follow_the_engines(monkeypatch):
+    """One shard per process, except with vLLM on GPUs: one per tensor-parallel group, on each
+    node's first processes (2 nodes of 8 GPUs, 8 processes each, 4 GPUs an engine: 4 shards)."""
+    import torch
+
+    from r1kit.errors import RecipeError
+    from r1kit.sampling import shard_of
+    from r1kit.sampling.vllm_backend import engine_gpus
+
+    assert [shard_of(r, 2, "transformers") for r in (0, 1)] == [(0, 2), (1, 2)]
+    assert shard_of(0, 1, "vllm") == (0, 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    tp4 = [shard_of(r, 16, "vllm", {"tensor_parallel_size": 4}) for r in range(16)]
+    assert tp4 == [(0, 4), (1, 4)] + [(None, 4)] * 6 + [(2, 4), (3, 4)] + [(None, 4)] * 6
+    assert [shard_of(r, 16, "vllm")[0] for r in range(16)] == list(range(16))  # one GPU an engine
+    assert engine_gpus(1, 4, [str(i) for i in range(8)]) == ["4", "5", "6", "7"]
+    with pytest.raises(RecipeError, match="tensor_parallel_size: 16 GPUs per engine, but a node has 8"):
+        shard_of(0, 16, "vllm", {"tensor_parallel_size": 16})

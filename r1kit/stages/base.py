@@ -17,12 +17,14 @@ class StageKind:
     """Runs the stage."""
     trainer_config: Callable[[], type] | None = None
     """Returns the trainer library's config class for the `trainer:` block (imported lazily)."""
-    distributed: bool = True
-    """True: every process of a distributed run runs it (training). False: only the main process."""
     check: Callable[[Any], None] | None = None
     """Checks that need more than types (reward names, templates); raises RecipeError."""
     trainer_defaults: Callable[[Any], dict[str, Any]] = lambda stage: {}
     """r1kit's defaults for the stage's trainer config (the paper's), under the recipe's fields."""
+
+
+def alone() -> None:
+    """The barrier of a single process: nobody to wait for."""
 
 
 @dataclass
@@ -39,6 +41,13 @@ class StageContext:
     """Datasets written by earlier stages, by stage name."""
     is_main: bool = True
     """False on the non-main processes of a distributed run: they must not write reports."""
+    rank: int = 0
+    """This process's rank in a distributed run (0 in a single process)."""
+    world: int = 1
+    """The number of processes of the run; every one runs every stage."""
+    barrier: Callable[[], None] = field(default_factory=lambda: alone, repr=False)
+    """Waits until every process of the run has called it (with no timeout that a long stage
+    could reach); stages that share work among processes meet here before merging it."""
 
     def resolve_data_source(self, source: str) -> str:
         """An earlier stage's dataset when `source` names one, else `source` unchanged."""

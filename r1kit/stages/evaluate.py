@@ -18,8 +18,12 @@ the stage's task benchmarks: ``task: {last_digit: {n: 200}, functions: {n: 150}}
 The model is loaded once, on the first benchmark that has problems left. The stage hands
 on no model: the next stage starts from the model this one evaluated.
 
-Not here: benchmark definitions (r1kit.benchmarks) and metrics (r1kit.metrics); evaluation
-spread over several processes (the non-main processes of a distributed run do nothing).
+In a distributed run every process loads its own engine (with vLLM on GPUs, one per
+tensor-parallel group: r1kit.sampling.shard_of) and samples its shard of each benchmark's
+problems (r1kit.evaluate); the main process merges the shards, which hold what one process
+would have sampled, and writes the summaries.
+
+Not here: benchmark definitions (r1kit.benchmarks) and metrics (r1kit.metrics).
 """
 
 from __future__ import annotations
@@ -94,15 +98,12 @@ def check(stage: EvalStage) -> None:
 
 
 def run(ctx: StageContext) -> StageResult:
-    from r1kit.sampling import load_sampler
+    from r1kit.sampling import load_sampler, shard_of
 
     stage = ctx.stage
-    if not ctx.is_main:
-        return StageResult()
     sampler = functools.cache(lambda: load_sampler(ctx.model, stage.backend, **stage.backend_options))
-    summaries, metrics = [], {}
-    for source in stage.benchmarks:
-        bench = load_benchmark(
+    benches = [
+        load_benchmark(
             source,
             id_field=stage.id_field,
             problem_field=stage.problem_field,
@@ -112,6 +113,21 @@ def run(ctx: StageContext) -> StageResult:
             until=stage.until,
             task_args=task_args(stage, source),
         )
+        for source in stage.benchmarks
+    ]
+    if ctx.world > 1:  # every engine samples its shard of every benchmark, then the main process merges
+        shard, shards = shard_of(ctx.rank, ctx.world, stage.backend, stage.backend_options)
+        first = 0  # the calls of all benchmarks in one sequence: small benchmarks land on different shards
+        for bench in benches:
+            if shard is not None:
+                protocol = settings(stage, ctx.recipe.seed)
+                ev.evaluate(bench, ctx.dir / bench.name, protocol, model=ctx.model, sampler=sampler, shard=shard, shards=shards, first_call=first)
+            first += ev.calls(bench, stage.samples)
+        ctx.barrier()
+        if not ctx.is_main:
+            return StageResult()
+    summaries, metrics = [], {}
+    for bench in benches:
         summary = ev.evaluate(bench, ctx.dir / bench.name, settings(stage, ctx.recipe.seed), model=ctx.model, sampler=sampler)
         summaries.append(summary)
         k = stage.samples
@@ -124,4 +140,4 @@ def run(ctx: StageContext) -> StageResult:
     return StageResult(metrics=metrics)
 
 
-STAGE = StageKind(config=EvalStage, run=run, check=check, distributed=False)
+STAGE = StageKind(config=EvalStage, run=run, check=check)

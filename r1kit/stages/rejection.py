@@ -46,33 +46,44 @@ solves, which give GRPO no signal, are dropped. A later grpo stage takes them as
 one that applies), and the totals; the stage's metrics repeat the totals.
 
 Resume: prompts go in chunks of ``chunk_prompts``; each finished chunk is one line appended to
-``journal.jsonl`` (flushed and fsynced). A killed run loses at most the chunk in flight; the next
-run drops a partial last line and does the remaining chunks. A chunk's sampling seed depends only
-on the recipe seed and the chunk's position, so a resumed run samples what an uninterrupted one
-would (as far as the backend is deterministic). ``dataset.jsonl`` and ``stats.json`` are written at the end, through a temporary file and a
-rename. A journal written with another config, model or seed is refused.
+the journal (flushed and fsynced). A killed run loses at most the chunk in flight; the next run
+drops a partial last line and does the remaining chunks. A chunk's sampling seed depends only on
+the recipe seed and the chunk's position, so a resumed run samples what an uninterrupted one
+would (as far as the backend is deterministic). A journal written with another config, model or
+seed is refused.
 
-In a distributed run only the main process runs the stage (the others wait for its marker).
-Not here: training on the rows (sft / grpo stages), or more than one sampling process (on GPUs,
-pass ``tensor_parallel_size`` to vLLM in ``backend_options:``).
+Sharding: in a distributed run (``--accelerate-config``) every process loads an engine of its
+own (with vLLM on GPUs, one per tensor-parallel group: r1kit.sampling.shard_of) and samples the
+chunks whose number is its shard's modulo the number of shards, into a journal of its own
+(``journal.jsonl`` for the main process, ``journal.shardN.jsonl`` for shard N). Since seeds
+follow the chunk, the rows are those of a single-process run. When every process has finished,
+the main one streams the journals in prompt order into ``dataset.jsonl`` and ``stats.json``
+(through a temporary file and a rename); memory holds one chunk at a time, however many prompts
+the stage has. A chunk counts as done in whichever journal holds it, so a run killed on any
+process resumes with the same or another number of processes and redoes only unfinished chunks.
+
+Not here: training on the rows (sft / grpo stages).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import os
 import random
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Iterator, Literal
 
 from r1kit import data as data_lib
 from r1kit import reward_registry
 from r1kit import templates
 from r1kit.config import PromptStageConfig, to_dict
 from r1kit.errors import RecipeError
-from r1kit.files import append_synced, complete_lines, drop_partial_line, write_atomic
+from r1kit.files import append_synced, atomic_file, drop_partial_line, line_offsets
 from r1kit.filters import REASONS, FilterConfig, filter_group
 from r1kit.sampling.base import EngineConfig, SamplingConfig
 from r1kit.stages.base import StageContext, StageKind, StageResult
@@ -178,13 +189,14 @@ def row_keys(stage: RejectionStage) -> tuple[str, ...]:
 # One chunk of prompts
 
 
-def run_chunk(ctx: StageContext, rows, ids: list[str], start: int, sampler, tokenizer, rewards) -> list[dict]:
+def run_chunk(ctx: StageContext, rows, start: int, sampler, tokenizer, rewards) -> list[dict]:
     """Sample, verify and filter the prompts rows[start:start+chunk]; one record per prompt."""
     from r1kit.sampling import SamplingParams
 
     stage, cfg, n = ctx.stage, ctx.stage.data, ctx.stage.samples
     batch = rows[start : start + stage.chunk_prompts]  # column -> list
     questions = batch[cfg.prompt]
+    ids = [str(x) for x in batch[stage.id_column]] if stage.id_column in batch else [str(start + j) for j in range(len(questions))]
     prompts = [templates.render(stage.template, q, tokenizer, stage.think_prefill) for q in questions]
     # Seeds partition by prompt position: a chunk samples the same whether or not a run resumed.
     params = SamplingParams(stage.temperature, stage.top_p, stage.max_tokens, seed=ctx.recipe.seed + start * n)
@@ -203,7 +215,7 @@ def run_chunk(ctx: StageContext, rows, ids: list[str], start: int, sampler, toke
     for j, (question, prompt, group) in enumerate(zip(questions, prompts, samples)):
         group_totals = totals[j * n : (j + 1) * n]
         passed = sum(t >= stage.min_total - TOLERANCE for t in group_totals)
-        record = {"index": start + j, "id": ids[start + j], "passed": passed, "dropped": {}, "rows": []}
+        record = {"index": start + j, "id": ids[j], "passed": passed, "dropped": {}, "rows": []}
         if stage.mode == "samples":
             reasons = select(group_totals, group, stage)
             record["dropped"] = dict(Counter(r for r in reasons if r is not None))
@@ -217,7 +229,7 @@ def run_chunk(ctx: StageContext, rows, ids: list[str], start: int, sampler, toke
                     ],
                     "prompt": prompt,
                     "completion": c.text,
-                    "id": ids[start + j],
+                    "id": ids[j],
                     "sample": k,
                     "rewards": {name: s[j * n + k] for name, s in scores.items()},
                     "reward_total": group_totals[k],
@@ -231,122 +243,201 @@ def run_chunk(ctx: StageContext, rows, ids: list[str], start: int, sampler, toke
 
 
 # ---------------------------------------------------------------------------------------------
-# The journal: append-only progress that survives a kill
+# The journals: append-only progress that survives a kill, one file per process
+
+
+def journal_path(folder: Path, shard: int) -> Path:
+    """Shard N's journal: ``journal.jsonl`` for shard 0 (the main process's), ``journal.shardN.jsonl`` for the others."""
+    return folder / (JOURNAL if shard == 0 else f"journal.shard{shard}.jsonl")
+
+
+def _shard_of(path: Path) -> int:
+    return 0 if path.name == JOURNAL else int(path.name.split(".")[1][5:])
 
 
 class Journal:
-    """``journal.jsonl``: a header line (what the samples depend on), then one line per finished chunk."""
+    """The stage's progress in its folder: one append-only file per shard (`journal_path`),
+    each a header line (what the samples depend on), then one line per finished chunk. A chunk
+    is done when any shard's file holds its line, so a run resumes whatever number of processes
+    wrote the files. Only where each chunk's line starts is kept in memory, never its rows."""
 
-    def __init__(self, path: Path, header: dict):
-        self.path = path
-        self.chunks: dict[int, list[dict]] = {}
-        header = json.loads(json.dumps(header, default=str))  # as it reads back
-        lines, partial = complete_lines(path)
-        if lines and json.loads(lines[0])["header"] != header:
+    def __init__(self, folder: Path, shard: int, header: dict):
+        self.folder = folder
+        self.header = json.loads(json.dumps(header, default=str))  # as it reads back
+        self.path = journal_path(folder, shard)
+        first, end = None, 0
+        if self.path.exists():
+            for offset, line in line_offsets(self.path):
+                first, end = first or line, offset + len(line)
+        self._check(self.path, first)
+        if self.path.exists():
+            drop_partial_line(self.path, self.path.stat().st_size - end)  # a kill in the middle of a write: that chunk is redone
+        if first is None:
+            self._append({"header": self.header})
+
+    def _check(self, path: Path, first: bytes | None) -> None:
+        if first is not None and json.loads(first)["header"] != self.header:
             raise RecipeError(
                 f"{path} was written with another config, model or seed; delete {path.parent} to start the stage over"
             )
-        drop_partial_line(path, partial)  # a kill in the middle of a write: that chunk is redone
-        if not lines:
-            self.append({"header": header})
-        for line in lines[1:]:
-            record = json.loads(line)
-            self.chunks[record["chunk"]] = record["prompts"]
+
+    def files(self) -> list[Path]:
+        return sorted(self.folder.glob("journal*.jsonl"), key=_shard_of)
+
+    def index(self) -> dict[int, tuple[Path, int]]:
+        """Finished chunk -> (file, offset of its line), over every shard's file; a chunk
+        journaled twice (by runs with different numbers of processes) counts once."""
+        where: dict[int, tuple[Path, int]] = {}
+        for path in self.files():
+            lines = line_offsets(path)
+            first = next(lines, (0, None))[1]
+            self._check(path, first)
+            for offset, line in lines:
+                match = CHUNK.match(line)
+                chunk = int(match.group(1)) if match else json.loads(line)["chunk"]
+                where.setdefault(chunk, (path, offset))
+        return where
+
+    @staticmethod
+    def read(where: tuple[Path, int]) -> list[dict]:
+        """The prompt records of the chunk whose line is at `where`."""
+        path, offset = where
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return json.loads(f.readline())["prompts"]
 
     def add(self, chunk: int, prompts: list[dict]) -> None:
-        self.append({"chunk": chunk, "prompts": prompts})
-        self.chunks[chunk] = prompts
+        self._append({"chunk": chunk, "prompts": prompts})
 
-    def append(self, record: dict) -> None:
+    def _append(self, record: dict) -> None:
         with open(self.path, "a") as f:
             append_synced(f, json.dumps(record, default=str) + "\n")
+
+
+CHUNK = re.compile(rb'\{"chunk": (\d+),')
+"""The start of a chunk's line as `Journal.add` writes it: its number, read without parsing the rows."""
 
 
 # ---------------------------------------------------------------------------------------------
 # The stage
 
 
-def mixed_rows(ctx: StageContext, kept: int) -> list[dict]:
+def mixed_rows(ctx: StageContext, kept: int) -> Iterator[dict]:
     """round(ratio × kept) conversations drawn at random (recipe seed) from the mix source."""
     mix, stage = ctx.stage.mix, ctx.stage
     want = round(mix.ratio * kept)
     if mix.source is None or want == 0:
-        return []
+        return
     source = ctx.resolve_data_source(mix.source)
     ds = data_lib.load_source(source, mix.split, mix.subset)
     data_lib.require_columns(ds, [mix.messages], source, f"rejection stage {stage.name!r} (mix)")
     if want > len(ds):
         log.warning("%s: mix wants %d conversations, %s has %d: taking all", stage.name, want, mix.source, len(ds))
     picked = sorted(random.Random(ctx.recipe.seed).sample(range(len(ds)), min(want, len(ds))))
-    out = []
-    for i, messages in zip(picked, ds.select(picked)[mix.messages]):
+    for i, example in zip(picked, ds.select(picked)):
         # role and content only: other message fields (tool calls, names) would break the rows' schema
-        row = {"messages": [{"role": m["role"], "content": m["content"]} for m in messages], "id": f"{mix.source}#{i}", "origin": mix.source}
-        out.append({key: row.get(key) for key in row_keys(stage)})
-    return out
+        messages = [{"role": m["role"], "content": m["content"]} for m in example[mix.messages]]
+        row = {"messages": messages, "id": f"{mix.source}#{i}", "origin": mix.source}
+        yield {key: row.get(key) for key in row_keys(stage)}
+
+
+def sample(ctx: StageContext, rows, journal: Journal, shard: int, shards: int, rewards, sampler) -> None:
+    """Sample, verify and journal the unfinished chunks of `shard` of `shards` (chunk i belongs
+    to shard i mod shards); `sampler()` loads the engine, once, if there is work."""
+    stage = ctx.stage
+    chunks = range(0, len(rows), stage.chunk_prompts)
+    done = journal.index()
+    todo = [start for start in chunks if start // stage.chunk_prompts % shards == shard and start // stage.chunk_prompts not in done]
+    if not todo:
+        return
+    if done:
+        log.info("%s: resuming, %d of %d chunks already done", stage.name, len(done), len(chunks))
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(ctx.model)
+    for start in todo:
+        records = run_chunk(ctx, rows, start, sampler(), tokenizer, rewards)
+        journal.add(start // stage.chunk_prompts, records)
+        log.info(
+            "%s: prompts %d-%d of %d, passed %d/%d samples, kept %d",
+            stage.name, start, start + len(records) - 1, len(rows),
+            sum(r["passed"] for r in records), len(records) * stage.samples, sum(len(r["rows"]) for r in records),
+        )
 
 
 def run(ctx: StageContext) -> StageResult:
+    from r1kit.sampling import load_sampler, shard_of
+
     stage, cfg = ctx.stage, ctx.stage.data
     rewards = reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards")
     rows = data_lib.load_rows(cfg, ctx)
     data_lib.require_columns(rows, [cfg.prompt], ctx.resolve_data_source(cfg.source), f"rejection stage {stage.name!r}")
-    ids = [str(x) for x in rows[stage.id_column]] if stage.id_column in rows.column_names else [str(i) for i in range(len(rows))]
-    journal = Journal(ctx.dir / JOURNAL, {"stage": to_dict(stage), "model": ctx.model, "seed": ctx.recipe.seed})
-    starts = range(0, len(rows), stage.chunk_prompts)
-    todo = [s for s in starts if s // stage.chunk_prompts not in journal.chunks]
-    if journal.chunks:
-        log.info("%s: resuming, %d of %d chunks already done", stage.name, len(starts) - len(todo), len(starts))
-    if todo:
-        from transformers import AutoTokenizer
-
-        from r1kit.sampling import load_sampler
-
-        tokenizer = AutoTokenizer.from_pretrained(ctx.model)
-        sampler = load_sampler(ctx.model, stage.backend, **stage.backend_options)
-        for start in todo:
-            records = run_chunk(ctx, rows, ids, start, sampler, tokenizer, rewards)
-            journal.add(start // stage.chunk_prompts, records)
-            log.info(
-                "%s: prompts %d-%d of %d, passed %d/%d samples, kept %d",
-                stage.name, start, start + len(records) - 1, len(rows),
-                sum(r["passed"] for r in records), len(records) * stage.samples, sum(len(r["rows"]) for r in records),
-            )
-    prompts = [p for chunk in sorted(journal.chunks) for p in journal.chunks[chunk]]
-    return publish(ctx, rows, prompts)
+    header = {"stage": to_dict(stage), "model": ctx.model, "seed": ctx.recipe.seed}
+    sampler = functools.cache(lambda: load_sampler(ctx.model, stage.backend, **stage.backend_options))
+    shard, shards = shard_of(ctx.rank, ctx.world, stage.backend, stage.backend_options)
+    if shard is not None:  # None: a process without an engine of its own (vLLM across several GPUs)
+        journal = Journal(ctx.dir, shard, header)
+        sample(ctx, rows, journal, shard, shards, rewards, sampler)
+    ctx.barrier()  # every shard is journaled
+    if not ctx.is_main:
+        return StageResult()
+    sample(ctx, rows, journal, 0, 1, rewards, sampler)  # nothing is left, unless a shard went missing
+    return publish(ctx, rows, journal)
 
 
-def publish(ctx: StageContext, rows, prompts: list[dict]) -> StageResult:
-    """dataset.jsonl and stats.json from the journal's prompt records, each written atomically."""
+def publish(ctx: StageContext, rows, journal: Journal) -> StageResult:
+    """dataset.jsonl and stats.json, streamed from the journals in prompt order, each written
+    atomically; memory holds one chunk's records at a time."""
     stage = ctx.stage
-    rates = [p["passed"] / stage.samples for p in prompts]
-    if stage.mode == "samples":
-        out = [row for p in prompts for row in p["rows"]]
-        kept = [len(p["rows"]) for p in prompts]
-    else:
-        kept = [stage.min_pass_rate < r < stage.max_pass_rate for r in rates]
-        out = [{**rows[p["index"]], "pass_rate": r} for p, r, keep in zip(prompts, rates, kept) if keep]
-    sampled = len(out)
-    out += mixed_rows(ctx, sampled)
-    dropped = sum((Counter(p["dropped"]) for p in prompts), Counter())
-    dropped = {k: dropped[k] for k in DROPS} if stage.mode == "samples" else {}
-    totals = {
-        "prompts": len(prompts),
-        "samples": len(prompts) * stage.samples,
-        "passed": sum(p["passed"] for p in prompts),
-        "pass_rate": sum(rates) / len(rates) if rates else 0.0,
-        "prompts_all_passed": rates.count(1.0),
-        "prompts_none_passed": rates.count(0.0),
-        "kept": sampled,
-        "mixed": len(out) - sampled,
-    }
-    per_prompt = [{"id": p["id"], "pass_rate": r, "kept": k} for p, r, k in zip(prompts, rates, kept)]
+    totals = Counter(prompts=0, samples=0, passed=0, prompts_all_passed=0, prompts_none_passed=0, kept=0)
+    dropped: Counter = Counter()
+    rate_sum = 0.0
     dataset = ctx.dir / DATASET
-    write_atomic(dataset, "".join(json.dumps(r, default=str) + "\n" for r in out))
-    write_atomic(ctx.dir / STATS, json.dumps({"mode": stage.mode, **totals, "dropped": dropped, "per_prompt": per_prompt}, indent=1) + "\n")
-    log.info("%s: wrote %d rows to %s", stage.name, len(out), dataset)
-    return StageResult(dataset=str(dataset), metrics=totals | {f"dropped_{k}": v for k, v in dropped.items() if v})
+    per_prompt = ctx.dir / f".per_prompt.{os.getpid()}.jsonl"
+    try:
+        with atomic_file(dataset) as out, open(per_prompt, "w") as pp:
+            where = journal.index()
+            for chunk in sorted(where):
+                for p in journal.read(where[chunk]):
+                    rate = p["passed"] / stage.samples
+                    if stage.mode == "samples":
+                        kept = len(p["rows"])
+                        out.writelines(json.dumps(r, default=str) + "\n" for r in p["rows"])
+                        dropped.update(p["dropped"])
+                    else:
+                        kept = stage.min_pass_rate < rate < stage.max_pass_rate
+                        if kept:
+                            out.write(json.dumps({**rows[p["index"]], "pass_rate": rate}, default=str) + "\n")
+                    totals.update(prompts=1, samples=stage.samples, passed=p["passed"], kept=int(kept))
+                    totals.update(prompts_all_passed=int(rate == 1.0), prompts_none_passed=int(rate == 0.0))
+                    rate_sum += rate
+                    pp.write(json.dumps({"id": p["id"], "pass_rate": rate, "kept": kept}) + "\n")
+            mixed = 0
+            for row in mixed_rows(ctx, totals["kept"]):
+                out.write(json.dumps(row, default=str) + "\n")
+                mixed += 1
+        figures = {
+            "prompts": totals["prompts"],
+            "samples": totals["samples"],
+            "passed": totals["passed"],
+            "pass_rate": rate_sum / totals["prompts"] if totals["prompts"] else 0.0,
+            "prompts_all_passed": totals["prompts_all_passed"],
+            "prompts_none_passed": totals["prompts_none_passed"],
+            "kept": totals["kept"],
+            "mixed": mixed,
+        }
+        drops = {k: dropped[k] for k in DROPS} if stage.mode == "samples" else {}
+        with atomic_file(ctx.dir / STATS) as f, open(per_prompt) as pp:
+            head = json.dumps({"mode": stage.mode, **figures, "dropped": drops}, indent=1)
+            f.write(head[: -len("\n}")] + ',\n "per_prompt": [')
+            for i, line in enumerate(pp):
+                f.write(("," if i else "") + "\n  " + line.rstrip("\n"))
+            f.write("\n ]\n}\n")
+    finally:
+        per_prompt.unlink(missing_ok=True)
+    log.info("%s: wrote %d rows to %s", stage.name, figures["kept"] + mixed, dataset)
+    return StageResult(dataset=str(dataset), metrics=figures | {f"dropped_{k}": v for k, v in drops.items() if v})
 
 
-# One process samples (the main one of a distributed run), as for eval: one journal, one writer.
-STAGE = StageKind(config=RejectionStage, run=run, check=check, distributed=False)
+# Every process of a distributed run samples its own shard of the chunks; the main one merges them.
+STAGE = StageKind(config=RejectionStage, run=run, check=check)
