@@ -62,7 +62,7 @@ from typing import Any, Callable
 
 from r1kit.benchmarks import Benchmark
 from r1kit.errors import EvalError
-from r1kit.files import append_synced, complete_lines, write_atomic
+from r1kit.files import append_synced, complete_lines, shard_file, shard_files, write_atomic
 from r1kit.metrics import score, summarize
 from r1kit.sampling.base import SamplingConfig
 from r1kit.sandbox import Limits
@@ -139,30 +139,18 @@ def _claim(out: Path, settings: dict) -> None:
 SAMPLES = "samples.jsonl"
 
 
-def shard_file(out: Path, shard: int) -> Path:
-    """Where the process of shard N appends its samples: samples.jsonl for shard 0 (the main
-    process's), samples.shardN.jsonl for the others."""
-    return out / (SAMPLES if shard == 0 else f"samples.shard{shard}.jsonl")
-
-
-def _shards(out: Path) -> list[Path]:
-    """The sample files in `out`, the main process's first."""
-    others = sorted(out.glob("samples.shard*.jsonl"), key=lambda p: int(p.name.split(".")[1][5:]))
-    return [path for path in [shard_file(out, 0)] if path.exists()] + others
-
-
 def read_samples(out: Path, bench: Benchmark, k: int, shard: int = 0) -> list[dict]:
     """Rows of problems with all k samples, from the files of every shard in `out` (a problem
     complete in two counts once); this process's own file (`shard`'s) loses a partial last line
     and the rows of unfinished problems."""
     ids = {p.id for p in bench.problems}
     rows, seen = [], set()
-    for path in _shards(out):
+    for path in shard_files(out, SAMPLES):
         lines, partial = complete_lines(path)
         found = [json.loads(line) for line in lines if line.strip()]
         counts = Counter(r["id"] for r in found)
         keep = [r for r in found if counts[r["id"]] == k]
-        if path == shard_file(out, shard) and (partial or len(keep) != len(found)):
+        if path == shard_file(out, SAMPLES, shard) and (partial or len(keep) != len(found)):
             log.info("%s: dropped %d rows of unfinished problems", path, len(found) - len(keep) + (partial > 0))
             write_atomic(path, "".join(json.dumps(r) + "\n" for r in keep))
         new = {r["id"] for r in keep} - seen
@@ -245,7 +233,7 @@ def evaluate(
         _claim(out, claim)
         left = sum(len(chunk) for _, chunk in todo)
         log.info("%s: %d problems to generate (%d done), %s backend", bench.name, left, len(done), engine.backend)
-        with open(shard_file(out, shard), "a") as f:
+        with open(shard_file(out, SAMPLES, shard), "a") as f:
             for start, chunk in todo:
                 prompts = [templates.render(settings.template, p.problem, engine.tokenizer, settings.think_prefill) for p in chunk]
                 # Seeded by the call's first position, so a rerun of the same call samples the same.
@@ -261,12 +249,12 @@ def evaluate(
         _claim(out, claim)
     if shards > 1:
         return None
-    others = [path for path in _shards(out) if path != shard_file(out, 0)]
+    others = [path for path in shard_files(out, SAMPLES) if path != shard_file(out, SAMPLES, 0)]
     position = {p.id: i for i, p in enumerate(bench.problems)}
     ordered = sorted(rows, key=lambda r: (position[r["id"]], r["sample"]))
     if others or ordered != rows:  # shards, or a resume that appended out of turn: one file, in problem order
         rows = ordered
-        write_atomic(shard_file(out, 0), "".join(json.dumps(r) + "\n" for r in rows))
+        write_atomic(shard_file(out, SAMPLES, 0), "".join(json.dumps(r) + "\n" for r in rows))
         for path in others:
             path.unlink()
     return _finish(out, bench, rows, settings.samples, head, limits(settings))

@@ -8,6 +8,9 @@
   up to its last newline, and, once the caller has accepted the file, the cut of a partial last
   line (a kill in the middle of a write), so the next append starts clean. `line_offsets(path)`
   walks the complete lines one at a time, with where each starts, for files read by streaming.
+- `shard_file(folder, name, shard)` and `shard_files(folder, name)`: the file each process of a
+  distributed run appends to (``name`` for shard 0, the main process's; ``stem.shardN.ext`` for
+  shard N), and those that exist, shard 0 first.
 
 Folders that are built in place and renamed when done (converted models) do it themselves.
 """
@@ -77,3 +80,16 @@ def drop_partial_line(path: Path, partial: int) -> None:
         with open(path, "r+b") as f:
             f.truncate(Path(path).stat().st_size - partial)
             os.fsync(f.fileno())
+
+
+def shard_file(folder: Path, name: str, shard: int) -> Path:
+    """Shard `shard`'s file of `name`: ``name`` itself for shard 0, ``stem.shardN.ext`` for the others."""
+    stem, _, ext = name.partition(".")
+    return Path(folder) / (name if shard == 0 else f"{stem}.shard{shard}.{ext}")
+
+
+def shard_files(folder: Path, name: str) -> list[Path]:
+    """The shard files of `name` in `folder` that exist, in shard order."""
+    stem, _, ext = name.partition(".")
+    others = sorted(Path(folder).glob(f"{stem}.shard*.{ext}"), key=lambda p: int(p.name[len(stem) + 6 : -len(ext) - 1]))
+    return [path for path in [Path(folder) / name] if path.exists()] + others

@@ -83,7 +83,7 @@ from r1kit import reward_registry
 from r1kit import templates
 from r1kit.config import PromptStageConfig, to_dict
 from r1kit.errors import RecipeError
-from r1kit.files import append_synced, atomic_file, drop_partial_line, line_offsets
+from r1kit.files import append_synced, atomic_file, drop_partial_line, line_offsets, shard_file, shard_files
 from r1kit.filters import REASONS, FilterConfig, filter_group
 from r1kit.sampling.base import EngineConfig, SamplingConfig
 from r1kit.stages.base import StageContext, StageKind, StageResult
@@ -246,17 +246,9 @@ def run_chunk(ctx: StageContext, rows, start: int, sampler, tokenizer, rewards) 
 # The journals: append-only progress that survives a kill, one file per process
 
 
-def journal_path(folder: Path, shard: int) -> Path:
-    """Shard N's journal: ``journal.jsonl`` for shard 0 (the main process's), ``journal.shardN.jsonl`` for the others."""
-    return folder / (JOURNAL if shard == 0 else f"journal.shard{shard}.jsonl")
-
-
-def _shard_of(path: Path) -> int:
-    return 0 if path.name == JOURNAL else int(path.name.split(".")[1][5:])
-
-
 class Journal:
-    """The stage's progress in its folder: one append-only file per shard (`journal_path`),
+    """The stage's progress in its folder: one append-only file per shard (``journal.jsonl``,
+    ``journal.shardN.jsonl``: r1kit.files.shard_file),
     each a header line (what the samples depend on), then one line per finished chunk. A chunk
     is done when any shard's file holds its line, so a run resumes whatever number of processes
     wrote the files. Only where each chunk's line starts is kept in memory, never its rows."""
@@ -264,7 +256,7 @@ class Journal:
     def __init__(self, folder: Path, shard: int, header: dict):
         self.folder = folder
         self.header = json.loads(json.dumps(header, default=str))  # as it reads back
-        self.path = journal_path(folder, shard)
+        self.path = shard_file(folder, JOURNAL, shard)
         first, end = None, 0
         if self.path.exists():
             for offset, line in line_offsets(self.path):
@@ -281,14 +273,11 @@ class Journal:
                 f"{path} was written with another config, model or seed; delete {path.parent} to start the stage over"
             )
 
-    def files(self) -> list[Path]:
-        return sorted(self.folder.glob("journal*.jsonl"), key=_shard_of)
-
     def index(self) -> dict[int, tuple[Path, int]]:
         """Finished chunk -> (file, offset of its line), over every shard's file; a chunk
         journaled twice (by runs with different numbers of processes) counts once."""
         where: dict[int, tuple[Path, int]] = {}
-        for path in self.files():
+        for path in shard_files(self.folder, JOURNAL):
             lines = line_offsets(path)
             first = next(lines, (0, None))[1]
             self._check(path, first)
