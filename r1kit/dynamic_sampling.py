@@ -79,6 +79,26 @@ class DynamicSamplingGRPOTrainer(GRPOTrainer):
             rows.append(self.train_dataset[self._refill_order.pop()])
         return rows
 
+    def _calculate_rewards(self, *args, **kwargs):
+        self._rewards = super()._calculate_rewards(*args, **kwargs)  # (all processes' rows, functions)
+        return self._rewards
+
+    def _signal(self, rows: int) -> torch.Tensor:
+        """(groups,) True where the rewards just computed differ within a group of this process.
+
+        Read from the rewards, not the advantages: a group of equal rewards whose sum is inexact in
+        float32 (weights like 0.2) gets advantages of about 1e-3 from rounding, not zero."""
+        start = self.accelerator.process_index * rows
+        scores = self._rewards[start : start + rows]
+        if self.multi_objective_aggregation == "sum_then_normalize":  # the weighted sum is what TRL normalises
+            unscorable = torch.isnan(scores).all(dim=1, keepdim=True)
+            summed = (scores * self.reward_weights.to(scores.device)).nansum(dim=1, keepdim=True)
+            scores = summed.masked_fill(unscorable, float("nan"))
+        groups = scores.view(-1, self.num_generations, scores.size(-1))
+        high = groups.nan_to_num(nan=float("-inf")).amax(dim=1)
+        low = groups.nan_to_num(nan=float("inf")).amin(dim=1)
+        return (high > low).any(dim=-1)
+
     def _generate_and_score_completions(self, inputs):
         batch = super()._generate_and_score_completions(inputs)
         if not self.model.training:
@@ -91,15 +111,12 @@ class DynamicSamplingGRPOTrainer(GRPOTrainer):
                 f"steps_per_generation a multiple of num_generations ({G})"
             )
 
-        def signal(b) -> torch.Tensor:  # (groups,) True where the group's rewards differ
-            return b["advantages"].view(-1, G).abs().amax(dim=1) > 1e-6
-
         kept: list[tuple[dict, torch.Tensor]] = []
         dropped: list[tuple[dict, torch.Tensor]] = []
         n_kept, n_dropped, rounds = 0, 0, 0
         current = batch
         while True:
-            has = signal(current)
+            has = self._signal(current["advantages"].size(0))
             groups = torch.arange(has.numel(), device=has.device)
             take = groups[has][: n_groups - n_kept]
             if take.numel():

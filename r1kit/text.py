@@ -59,6 +59,18 @@ def _boxes(text: str) -> list[tuple[int, int, int]]:
     return [(cmd, brace, close[brace]) for cmd, brace in starts if brace in close]
 
 
+def math_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of the content of every outermost complete box of `text`; without boxes, of
+    every ``$…$`` (``$$…$$``, ``\\(…\\)``, ``\\[…\\]``) formula; without either, all of it."""
+    spans: list[tuple[int, int]] = []
+    for _, brace, close in _boxes(text):
+        if not spans or brace > spans[-1][1]:  # a box inside the previous one is part of it
+            spans.append((brace + 1, close))
+    if not spans:
+        spans = [m.span(next(i for i in range(1, 5) if m.group(i) is not None)) for m in _FORMULA.finditer(text)]
+    return spans or [(0, len(text))]
+
+
 def last_boxed(text: str) -> str | None:
     """Content of the last complete ``\\boxed{…}`` or ``\\fbox{…}`` in `text`, or None."""
     boxes = _boxes(text)

@@ -24,11 +24,12 @@ a whole-string ``\\text{}``) are equal; numbers and fractions with the same exac
 (``3/4``, ``\\frac{6}{8}``, ``0.75``) are equal; a percentage equals its number and its share
 (``35.0\\%`` is 35 and 0.35); two plain integers (``025``, ``1,450,000``, ``1{,}450``, ``1\\,450``,
 ``1 450``) are compared as integers, the only check that may say "different". The rest goes
-to math-verify (``parse`` + ``verify``) in r1kit.rewards.math_pool, whose workers have a hard
-time limit from any thread: a reference parse or an answer check that takes longer than
-``timeout`` seconds has its worker killed and replaced; the answer scores 0.0 (the reference's
-samples None). A reference is parsed once per worker (cached); identical answers to it are
-judged once.
+to math-verify (``parse`` + ``verify``) in r1kit.rewards.math_pool, where a formula with
+``\\pm`` is the list of its two values (``2 \\pm \\sqrt{3}`` is ``2 + \\sqrt{3}, 2 - \\sqrt{3}``) and
+whose workers have a hard time limit from any thread: a reference parse or an answer check that
+takes longer than ``timeout`` seconds has its worker killed and replaced; the answer scores 0.0
+(the reference's samples None). A reference is parsed once per worker (cached); identical
+answers to it are judged once.
 
 Where math-verify's verdict differs from a careful grader's, r1kit keeps it (see the tests): a
 bare list ``1,2`` is a set, so ``2,1`` matches; an ambiguous ``(1,2)`` (interval or pair) matches

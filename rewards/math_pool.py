@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from multiprocessing.connection import Connection, wait as wait_for_messages
 
-from r1kit.text import BRACE
+from r1kit.text import BRACE, math_spans
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +59,7 @@ def _parse(answer: str) -> list:
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
 
     config = [LatexExtractionConfig(), ExprExtractionConfig()]
+    answer = _expand_signs(answer)
     balanced = _balanced(answer)
     if not balanced or any(d in answer for d in ("$", "\\(", "\\[", "\\boxed")) or _PROSE.search(_COMMAND.sub(" ", answer)):
         parsed = parse(answer, config, parsing_timeout=None)
@@ -67,6 +68,31 @@ def _parse(answer: str) -> list:
         if _has_math(parsed) or not balanced:
             return parsed
     return parse("\\boxed{" + answer + "}", config, parsing_timeout=None)
+
+
+_PLUS_MINUS = re.compile(r"\\(?:pm|mp)(?![A-Za-z])|[\u00b1\u2213]")
+
+
+def _expand_signs(answer: str) -> str:
+    """Each formula with ``\\pm`` as the list of its two values (math-verify reads no ±):
+    ``x = \\frac{-1 \\pm \\sqrt{13}}{4}`` is ``x = \\frac{-1 + \\sqrt{13}}{4}, x = \\frac{-1 - \\sqrt{13}}{4}``.
+
+    Every ± of one formula takes the same sign and every ∓ the other (``(1 \\pm 2, 3 \\mp 4)`` is
+    two points). A formula is the content of each box, else of each ``$…$``, else the answer."""
+    if not _PLUS_MINUS.search(answer):
+        return answer
+
+    def signed(formula: str, plus: bool) -> str:
+        return _PLUS_MINUS.sub(lambda m: "+" if (m.group() in ("\\pm", "\u00b1")) == plus else "-", formula)
+
+    out, done = [], 0
+    for start, end in math_spans(answer):
+        formula = answer[start:end]
+        if _PLUS_MINUS.search(formula):
+            formula = f"{signed(formula, True)}, {signed(formula, False)}"
+        out += [answer[done:start], formula]
+        done = end
+    return "".join(out) + answer[done:]
 
 
 def _balanced(s: str) -> bool:

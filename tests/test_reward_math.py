@@ -134,7 +134,7 @@ def test_extract_answer_order_of_trust():
     assert last_boxed("\\boxed{}") is None
 
 
-# Answers as real models write them (several boxes, decimal percentages, number formats), each
+# Answers as real models write them (several boxes, decimal percentages, number formats, ±), each
 # wrapped as an R1 answer; and the counter-cases that must stay wrong.
 WRITTEN = [
     ("(2, 2), (6, 2)", "\\boxed{(2, 2)} \\quad \\text{and} \\quad \\boxed{(6, 2)}", 1.0),
@@ -164,6 +164,16 @@ WRITTEN = [
     ("3125", "\\boxed{3}, \\boxed{125}", 0.0),  # two listed boxes are never one thousands-grouped number
     ("12", "x = \\boxed{11}\n\nx = \\boxed{12}", 1.0),  # a blank line ends a group: a new attempt
     ("4", "\\boxed{3} \\text{ is wrong, } \\boxed{4}", 1.0),  # words between boxes are no list
+    # ± is the list of both values, in the reference and in the answer.
+    ("x = \\frac{1}{2}, x = \\frac{-1 \\pm \\sqrt{13}}{4}", "\\boxed{x = \\frac{1}{2}, x = \\frac{-1 \\pm \\sqrt{13}}{4}}", 1.0),
+    ("\\frac{-1 \\pm \\sqrt{13}}{4}", "\\frac{-1 - \\sqrt{13}}{4}, \\frac{-1 + \\sqrt{13}}{4}", 1.0),
+    ("2 \\pm \\sqrt{3}", "2 \\mp \\sqrt{3}", 1.0),
+    ("1, -1", "\\pm 1", 1.0),
+    ("(1 \\pm 2, 3 \\mp 4)", "(3, -1), (-1, 7)", 1.0),  # the signs of one formula go together
+    ("(1 \\pm 2, 3 \\mp 4)", "(3, 7), (-1, -1)", 0.0),
+    ("\\frac{-1 \\pm \\sqrt{13}}{4}", "\\frac{-1 + \\sqrt{13}}{4}", 0.0),  # one root of two
+    ("\\frac{-1 \\pm \\sqrt{13}}{4}", "\\frac{-1 \\pm \\sqrt{12}}{4}", 0.0),
+    ("\\pm 2021", "2021", 0.0),
 ]
 
 
