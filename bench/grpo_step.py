@@ -1,0 +1,209 @@
+"""Seconds per GRPO step: r1kit's grpo stage against a bare `trl.GRPOTrainer`, side by side in one run.
+
+    python bench/grpo_step.py --model FOLDER                # e.g. SmolLM2-135M-Instruct, converted
+    python bench/grpo_step.py                               # the offline tiny model
+    python bench/grpo_step.py --model FOLDER --steps 6 --r1kit-trainer '{"bf16": true}'
+
+Both sides train the same model on the same prompts (two-digit additions, r1kit.tasks, in
+SmolLM2's chat format) with the same batch, generations, completion length, temperature,
+learning rate and reward (``math_accuracy`` with the last-number fallback), for --steps optimizer
+steps each:
+
+- **bare TRL**: ``GRPOConfig`` with TRL's defaults and only ``use_cpu`` (so ``bf16: true``,
+  which on a CPU is bfloat16 autocast around each forward pass, generation included, and no
+  reference model);
+- **r1kit**: a one-stage recipe run by r1kit's pipeline, with its CPU and paper defaults
+  (float32, ``beta: 0.001`` with a reference model, the sequence-level GRPO loss), plus
+  --r1kit-trainer fields.
+
+Each step is split into phases by timing TRL's own methods: generation (``_generate``), rewards
+(``_calculate_rewards``), the rest of scoring (reference and old log-probabilities, advantages),
+and forward/backward (``training_step`` without generation and scoring); "other" is the optimizer
+step and the trainer's bookkeeping. The first step (warm-up) is left out of the means. Prints a
+line per side and the ratio of their mean step times.
+
+Not measured: model loading, checkpoint saving, evaluation, memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+PROMPT = "<|im_start|>user\n{prompt} Answer with the number only.<|im_end|>\n<|im_start|>assistant\n"
+PHASES = ("generation", "rewards", "scoring", "forward_backward", "other")
+
+
+class Phases:
+    """Seconds spent in TRL's generation, reward, scoring and training methods, per optimizer step."""
+
+    def __init__(self):
+        self.steps: list[dict[str, float]] = []
+        self.now = dict.fromkeys(("generate", "rewards", "prepare", "train"), 0.0)
+        self.started = 0.0
+
+    @contextlib.contextmanager
+    def patched(self):
+        import trl
+
+        cls = trl.GRPOTrainer
+        names = {"_generate": "generate", "_calculate_rewards": "rewards", "_prepare_inputs": "prepare", "training_step": "train"}
+        originals = {name: getattr(cls, name) for name in names}
+
+        def timed(name, key):
+            def call(*args, **kwargs):
+                t0 = time.perf_counter()
+                try:
+                    return originals[name](*args, **kwargs)
+                finally:
+                    self.now[key] += time.perf_counter() - t0
+            return call
+
+        for name, key in names.items():
+            setattr(cls, name, timed(name, key))
+        try:
+            yield self
+        finally:
+            for name, fn in originals.items():
+                setattr(cls, name, fn)
+
+    def callback(self):
+        from transformers import TrainerCallback
+
+        phases = self
+
+        class StepClock(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kwargs):
+                phases.now = dict.fromkeys(phases.now, 0.0)
+                phases.started = time.perf_counter()
+
+            def on_step_end(self, args, state, control, **kwargs):
+                n, total = phases.now, time.perf_counter() - phases.started
+                phases.steps.append({
+                    "generation": n["generate"],
+                    "rewards": n["rewards"],
+                    "scoring": n["prepare"] - n["generate"] - n["rewards"],
+                    "forward_backward": n["train"] - n["prepare"],
+                    "other": total - n["train"],
+                    "total": total,
+                })
+
+        return StepClock()
+
+    def summary(self) -> dict[str, float]:
+        timed = self.steps[1:] or self.steps  # the first step warms up
+        return {k: statistics.mean(s[k] for s in timed) for k in (*PHASES, "total")}
+
+
+def bare_trl(model: str, rows, shared: dict, steps: int, out: Path, phases: Phases) -> None:
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from r1kit import reward_registry
+
+    reward = reward_registry.for_trl(reward_registry.from_recipe([{"name": "math_accuracy", "fallback": "last_number"}], "bench")[0])
+    args = GRPOConfig(output_dir=str(out), use_cpu=True, max_steps=steps, save_strategy="no", report_to="none", seed=0, **shared)
+    tokenizer = AutoTokenizer.from_pretrained(model, padding_side="left")
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=rows, processing_class=tokenizer)
+    trainer.add_callback(phases.callback())
+    trainer.train()
+
+
+def r1kit_stage(model: str, shared: dict, extra: dict, steps: int, out: Path, phases: Phases) -> None:
+    from r1kit import pipeline
+    from r1kit.recipe import load_recipe
+
+    recipe = {
+        "model": model,
+        "output_dir": str(out),
+        "seed": 0,
+        "stages": [{
+            "name": "rl",
+            "kind": "grpo",
+            "template": PROMPT,
+            "data": {"source": "task:addition", "task": {"n": 2000, "digits": 2}},
+            "rewards": [{"name": "math_accuracy", "weight": 1.0, "fallback": "last_number"}],
+            "trainer": {**shared, **extra, "max_steps": steps, "save_strategy": "no"},
+        }],
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "recipe.json"
+    path.write_text(json.dumps(recipe))
+    import trl
+
+    # The pipeline builds its own trainer: hand it the step clock through TRL's constructor.
+    init = trl.GRPOTrainer.__init__
+
+    def with_clock(self, *args, **kwargs):
+        kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), phases.callback()]
+        init(self, *args, **kwargs)
+
+    trl.GRPOTrainer.__init__ = with_clock
+    try:
+        pipeline.run(load_recipe(path))
+    finally:
+        trl.GRPOTrainer.__init__ = init
+
+
+def line(name: str, s: dict[str, float]) -> str:
+    parts = ", ".join(f"{k} {s[k]:.2f}" for k in PHASES)
+    return f"{name:9s}: {s['total']:6.2f} s/step  ({parts})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=None, help="model folder (default: r1kit's offline tiny model)")
+    parser.add_argument("--steps", type=int, default=4, help="optimizer steps per side; the first is a warm-up")
+    parser.add_argument("--batch", type=int, default=16, help="per_device_train_batch_size (completions per step)")
+    parser.add_argument("--generations", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=32, help="max_completion_length")
+    parser.add_argument("--r1kit-trainer", type=json.loads, default={}, help="extra trainer fields for r1kit's side, as JSON")
+    args = parser.parse_args()
+
+    from r1kit import templates
+    from r1kit.tasks import addition
+
+    work = Path(tempfile.mkdtemp(prefix="r1kit-grpo-step-"))
+    model = args.model
+    if model is None:
+        from r1kit.tiny import build_tiny_model
+
+        model = str(build_tiny_model(work / "tiny"))
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    rows = Dataset.from_list([
+        {"prompt": templates.render(PROMPT, r["prompt"], tokenizer, False), "answer": r["answer"]}
+        for r in addition(n=2000, digits=2)
+    ])
+    shared = {
+        "per_device_train_batch_size": args.batch,
+        "num_generations": args.generations,
+        "max_completion_length": args.max_tokens,
+        "temperature": 0.6,
+        "learning_rate": 1.0e-5,
+        "logging_steps": 1,
+    }
+    results = {}
+    for name, run in (("bare TRL", lambda p: bare_trl(model, rows, shared, args.steps, work / "trl", p)),
+                      ("r1kit", lambda p: r1kit_stage(model, shared, args.r1kit_trainer, args.steps, work / "r1kit", p))):
+        phases = Phases()
+        with phases.patched():
+            run(phases)
+        results[name] = phases.summary()
+    print(f"model {model}: {args.batch} completions per step ({args.generations} per prompt), "
+          f"at most {args.max_tokens} tokens, mean of steps 2-{args.steps}")
+    for name, s in results.items():
+        print(line(name, s))
+    print(f"ratio: r1kit's step takes {results['r1kit']['total'] / results['bare TRL']['total']:.2f}x the bare-TRL step's time "
+          f"({results['bare TRL']['total'] / results['r1kit']['total']:.2f}x as fast)")
+
+
+if __name__ == "__main__":
+    main()
