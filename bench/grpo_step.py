@@ -9,18 +9,20 @@ SmolLM2's chat format) with the same batch, generations, completion length, temp
 learning rate and reward (``math_accuracy`` with the last-number fallback), for --steps optimizer
 steps each:
 
-- **bare TRL**: ``GRPOConfig`` with TRL's defaults and only ``use_cpu`` (so ``bf16: true``,
-  which on a CPU is bfloat16 autocast around each forward pass, generation included, and no
-  reference model);
+- **bare TRL**: ``GRPOConfig`` with TRL's defaults and only ``use_cpu``: ``bf16: true`` (on a
+  CPU, bfloat16 autocast around each forward pass, generation included), gradient checkpointing,
+  no reference model, the DAPO token-level loss;
 - **r1kit**: a one-stage recipe run by r1kit's pipeline, with its CPU and paper defaults
-  (float32, ``beta: 0.001`` with a reference model, the sequence-level GRPO loss), plus
-  --r1kit-trainer fields.
+  (float32, no gradient checkpointing, ``beta: 0.001`` with a reference model, the
+  sequence-level GRPO loss), plus --r1kit-trainer fields.
 
 Each step is split into phases by timing TRL's own methods: generation (``_generate``), rewards
 (``_calculate_rewards``), the rest of scoring (reference and old log-probabilities, advantages),
 and forward/backward (``training_step`` without generation and scoring); "other" is the optimizer
 step and the trainer's bookkeeping. The first step (warm-up) is left out of the means. Prints a
 line per side and the ratio of their mean step times.
+
+Both sides run on the CPU (``use_cpu``) and in this process, also on a machine with a GPU.
 
 Not measured: model loading, checkpoint saving, evaluation, memory.
 """
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -96,6 +99,8 @@ class Phases:
         return StepClock()
 
     def summary(self) -> dict[str, float]:
+        if not self.steps:
+            raise RuntimeError("no optimizer step was timed (did the trainer run in another process?)")
         timed = self.steps[1:] or self.steps  # the first step warms up
         return {k: statistics.mean(s[k] for s in timed) for k in (*PHASES, "total")}
 
@@ -128,7 +133,7 @@ def r1kit_stage(model: str, shared: dict, extra: dict, steps: int, out: Path, ph
             "template": PROMPT,
             "data": {"source": "task:addition", "task": {"n": 2000, "digits": 2}},
             "rewards": [{"name": "math_accuracy", "weight": 1.0, "fallback": "last_number"}],
-            "trainer": {**shared, **extra, "max_steps": steps, "save_strategy": "no"},
+            "trainer": {**shared, "use_cpu": True, **extra, "max_steps": steps, "save_strategy": "no"},
         }],
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -164,6 +169,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32, help="max_completion_length")
     parser.add_argument("--r1kit-trainer", type=json.loads, default={}, help="extra trainer fields for r1kit's side, as JSON")
     args = parser.parse_args()
+    os.environ["R1KIT_STAGE_PROCESS"] = "0"  # r1kit's stage in this process, where the clocks are
 
     from r1kit import templates
     from r1kit.tasks import addition

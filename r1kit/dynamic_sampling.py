@@ -2,10 +2,11 @@
 
 A group whose G completions all get the same reward has zero advantage: it adds nothing to the
 policy gradient but still dilutes the batch. `DynamicSamplingGRPOTrainer` drops such groups after
-scoring and refills the generation batch with groups generated from further training prompts,
-for at most `max_rounds` extra generation rounds. If the batch is still short after that, the
-remaining slots are topped up with dropped groups (zero advantage: no gradient, shapes unchanged)
-and the shortfall is logged. Logged per generation: ``dynamic_sampling/dropped_groups``,
+scoring (read from the rewards: their weighted sum, or with ``multi_objective_aggregation:
+normalize_then_sum`` each reward, equal across the group) and refills the generation batch with
+groups generated from further training prompts, for at most `max_rounds` extra generation
+rounds. If the batch is still short after that, the remaining slots are topped up with dropped
+groups, their advantages set to zero (no gradient, shapes unchanged), and the shortfall is logged. Logged per generation: ``dynamic_sampling/dropped_groups``,
 ``dynamic_sampling/rounds`` and ``dynamic_sampling/unfilled_groups``.
 
 Refill prompts come from a seeded shuffle of the training set, independent of TRL's sampler. In a
@@ -138,6 +139,9 @@ class DynamicSamplingGRPOTrainer(GRPOTrainer):
             if n_kept == n_groups:
                 break
             rows = rows[: (n_groups - n_kept) * G]
+            # Their advantages are rounding residue (or, normalised over the batch, not small at all).
+            chunk = {**chunk, "advantages": chunk["advantages"].clone()}
+            chunk["advantages"][rows] = 0.0
             kept.append((chunk, rows))
             n_kept += rows.numel() // G
         merged = merge_rows(kept, self.processing_class.pad_token_id)

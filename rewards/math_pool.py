@@ -54,7 +54,8 @@ def _parse(answer: str) -> list:
     math-verify finds LaTeX only inside delimiters (``$…$``, ``\\boxed{}``), so a bare answer is
     wrapped in ``\\boxed{}``. An answer with its own delimiters, or with words in it ("72 clips",
     "The answer is 5"), is first given to math-verify as is, so that its anchors pick the math;
-    an answer with unbalanced braces is only given as is.
+    an answer with unbalanced braces is only given as is. A ``\\pm`` is first written out as its
+    two values (`_expand_signs`).
     """
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
 
@@ -70,29 +71,62 @@ def _parse(answer: str) -> list:
     return parse("\\boxed{" + answer + "}", config, parsing_timeout=None)
 
 
-_PLUS_MINUS = re.compile(r"\\(?:pm|mp)(?![A-Za-z])|[\u00b1\u2213]")
+_PLUS_MINUS = re.compile(r"(?<!\\)\\(?:pm|mp)(?![A-Za-z])|[\u00b1\u2213]")
+_SET = re.compile(r"(\\left\s*)?\\\{(.*?)(\\right\s*)?\\\}", re.DOTALL)
+_OPEN, _CLOSE = "{([", "})]"
 
 
 def _expand_signs(answer: str) -> str:
-    """Each formula with ``\\pm`` as the list of its two values (math-verify reads no ±):
-    ``x = \\frac{-1 \\pm \\sqrt{13}}{4}`` is ``x = \\frac{-1 + \\sqrt{13}}{4}, x = \\frac{-1 - \\sqrt{13}}{4}``.
+    """Each list element with ``\\pm`` as its two values, so that math-verify can compare them (it
+    reads a ± only at the top of an element): ``x = \\frac{-1 \\pm \\sqrt{13}}{4}`` is
+    ``x = \\frac{-1 + \\sqrt{13}}{4}, x = \\frac{-1 - \\sqrt{13}}{4}``, and ``\\{1 \\pm \\sqrt{5}, -2\\}``
+    the set of three values.
 
-    Every ± of one formula takes the same sign and every ∓ the other (``(1 \\pm 2, 3 \\mp 4)`` is
-    two points). A formula is the content of each box, else of each ``$…$``, else the answer."""
+    An element is a part of a formula between commas outside any bracket (inside ``\\{…\\}`` when
+    the formula is a set). Every ± of one element takes the same sign and every ∓ the other, so a
+    point ``(1 \\pm 2, 3 \\mp 4)`` is two points. A formula is the content of each box, else of each
+    ``$…$``, else the whole answer."""
     if not _PLUS_MINUS.search(answer):
         return answer
-
-    def signed(formula: str, plus: bool) -> str:
-        return _PLUS_MINUS.sub(lambda m: "+" if (m.group() in ("\\pm", "\u00b1")) == plus else "-", formula)
-
     out, done = [], 0
     for start, end in math_spans(answer):
-        formula = answer[start:end]
-        if _PLUS_MINUS.search(formula):
-            formula = f"{signed(formula, True)}, {signed(formula, False)}"
-        out += [answer[done:start], formula]
+        out += [answer[done:start], _expand_formula(answer[start:end])]
         done = end
     return "".join(out) + answer[done:]
+
+
+def _expand_formula(formula: str) -> str:
+    if not _PLUS_MINUS.search(formula):
+        return formula
+    braced = _SET.fullmatch(formula.strip())
+    if braced and _one_set(braced.group(2)):
+        return "\\{" + _expand_formula(braced.group(2)) + "\\}"
+    elements, depth, last = [], 0, 0
+    for i, ch in enumerate(formula):
+        if ch in _OPEN:
+            depth += 1
+        elif ch in _CLOSE:
+            depth -= 1
+        elif ch == "," and depth == 0 and formula[i - 1 : i] != "\\":  # `\,` is a thin space
+            elements.append(formula[last:i])
+            last = i + 1
+    if elements:
+        return ", ".join(_expand_formula(e).strip() for e in [*elements, formula[last:]])
+
+    def signed(plus: bool) -> str:
+        return _PLUS_MINUS.sub(lambda m: "+" if (m.group() in ("\\pm", "\u00b1")) == plus else "-", formula).strip()
+
+    return f"{signed(True)}, {signed(False)}"
+
+
+def _one_set(inner: str) -> bool:
+    """Whether the ``\\{`` and ``\\}`` in `inner` pair up, so ``\\{inner\\}`` is one set, not several."""
+    depth = 0
+    for m in re.finditer(r"\\[{}]", inner):
+        depth += 1 if m.group() == "\\{" else -1
+        if depth < 0:
+            return False
+    return depth == 0
 
 
 def _balanced(s: str) -> bool:

@@ -155,6 +155,32 @@ def test_reward_seconds_are_logged_per_step_and_reported(write_recipe, tiny_mode
     assert share in report and f"{slow_key.removeprefix('reward_seconds/')} {totals[slow_key]:.2f}" in report
 
 
+def test_dynamic_sampling_reads_signal_from_this_process_rewards():
+    from types import SimpleNamespace
+
+    from r1kit.dynamic_sampling import DynamicSamplingGRPOTrainer
+
+    nan = float("nan")
+    mine = torch.tensor([  # process 1's 5 groups of 2, two reward functions
+        [1.0, 1.0], [1.0, 1.0],   # equal (1.2 each with weights 1 and 0.2, inexact in float32)
+        [nan, 1.0], [nan, 0.0],   # the routed reward is absent, the other differs
+        [1.0, 0.0], [0.0, 1.0],   # the rewards differ; their sum differs only if the weights do
+        [nan, nan], [nan, nan],   # unscorable
+        [0.7, 1.0], [0.7, 1.0],   # equal
+    ])
+    others = torch.tensor([[0.0, 1.0], [1.0, 0.0]]).repeat(5, 1)  # process 0's rows, all with signal
+    stub = SimpleNamespace(
+        accelerator=SimpleNamespace(process_index=1), num_generations=2, _rewards=torch.cat([others, mine]),
+        reward_weights=torch.tensor([1.0, 0.2]), multi_objective_aggregation="sum_then_normalize",
+    )
+    signal = DynamicSamplingGRPOTrainer._signal
+    assert signal(stub, 10).tolist() == [False, True, True, False, False]
+    stub.reward_weights = torch.tensor([1.0, 1.0])  # group 2's sums are now equal: no signal in the sum
+    assert signal(stub, 10).tolist() == [False, True, False, False, False]
+    stub.multi_objective_aggregation = "normalize_then_sum"  # each reward is normalised on its own
+    assert signal(stub, 10).tolist() == [False, True, True, False, False]
+
+
 def test_merge_rows_repads_each_side():
     from r1kit.dynamic_sampling import merge_rows
 

@@ -174,12 +174,34 @@ WRITTEN = [
     ("\\frac{-1 \\pm \\sqrt{13}}{4}", "\\frac{-1 + \\sqrt{13}}{4}", 0.0),  # one root of two
     ("\\frac{-1 \\pm \\sqrt{13}}{4}", "\\frac{-1 \\pm \\sqrt{12}}{4}", 0.0),
     ("\\pm 2021", "2021", 0.0),
+    ("\\{1\\pm\\sqrt{5},-2\\}", "-2, 1+\\sqrt{5}, 1-\\sqrt{5}", 1.0),  # in a set, ± makes two of its elements
+    ("\\left\\{\\pm 1, \\pm 2\\right\\}", "1, -1, 2, -2", 1.0),
+    ("\\{1\\pm\\sqrt{5},-2\\}", "\\{1+\\sqrt{5}, -2\\}", 0.0),
+    ("x = 3 \u00b1 1", "x = 2, x = 4", 1.0),
 ]
 
 
 @pytest.mark.parametrize("gold, pred, expected", WRITTEN)
 def test_answers_as_models_write_them(gold, pred, expected):
     assert math_accuracy([f"<think>...</think> <answer>{pred}</answer>"], answer=[gold]) == [expected]
+
+
+def test_plus_minus_expands_each_element_of_each_formula():
+    from r1kit.rewards.math_pool import _expand_signs
+    from r1kit.text import math_spans
+
+    assert _expand_signs("(1 \\pm 2, 3 \\mp 4)") == "(1 + 2, 3 - 4), (1 - 2, 3 + 4)"  # a point keeps its signs together
+    assert _expand_signs("$1 \\pm \\sqrt2$ or $3$") == "$1 + \\sqrt2, 1 - \\sqrt2$ or $3$"
+    assert _expand_signs("\\boxed{\\frac{1 \\pm \\sqrt{5}}{2}}") == "\\boxed{\\frac{1 + \\sqrt{5}}{2}, \\frac{1 - \\sqrt{5}}{2}}"
+    assert _expand_signs("1\\,000 \\pm 5") == "1\\,000 + 5, 1\\,000 - 5"  # a thin space is no list comma
+    for unchanged in ("\\pmb{3}", "7 \\pmod{4}", "a \\\\pm b", "\\{1\\}, \\{2\\}"):  # a line break then "pm"
+        assert _expand_signs(unchanged) == unchanged
+    assert _expand_signs("\\{1\\}, \\{2 \\pm 1\\}") == "\\{1\\}, \\{2 + 1, 2 - 1\\}"  # two sets, not one
+    text = "$a$ and \\boxed{x \\boxed{y}} then \\boxed{z}"
+    assert [text[i:j] for i, j in math_spans(text)] == ["x \\boxed{y}", "z"]  # boxes first, outermost only
+    formulas = "$a$ and \\(b\\)"
+    assert [formulas[i:j] for i, j in math_spans(formulas)] == ["a", "b"]
+    assert math_spans("1 + 2") == [(0, 5)]
 
 
 def test_candidate_boxes_in_a_chain_of_thought_are_not_a_list():
