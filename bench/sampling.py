@@ -5,6 +5,7 @@ machine's arithmetic limit measured in the same run.
     python bench/sampling.py                           # the offline tiny model, 64 prompts x 8 samples
     python bench/sampling.py --model runs/demo/sft/model --max-tokens 256 --repeats 3
     python bench/sampling.py --model M --dtypes float32   # one precision only
+    python bench/sampling.py --model M --warpers          # also transformers' own sampling step
 
 Prompts are addition questions (r1kit.tasks) in the r1_zero template, sampled at the evaluation
 protocol's temperature 0.6 and top-p 0.95. Each backend is loaded, warmed up on one prompt, then
@@ -12,7 +13,9 @@ timed on the whole batch (best of --repeats); tokens are what the backends repor
 The limit: torch's matmul throughput on 2048 x 2048 matrices in each precision, all cores
 (products back to back for a second, the best of 3 seconds), over the 2 x (parameters) floating-point operations a generated token costs at least
 (attention over the context comes on top). Prints one line per backend and precision, and the
-ratios. Without vllm installed, only transformers runs.
+ratios. Without vllm installed, only transformers runs. With --warpers, the transformers backend
+also runs with transformers' own sampling step in place of r1kit's `Nucleus` (its temperature and
+top-p warpers, which sort the whole vocabulary, then a draw over all of it), for the ratio.
 
 Not measured: start-up cost beyond the printed load time, GPU throughput, memory.
 """
@@ -22,9 +25,10 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from unittest import mock
 
 from r1kit import templates
-from r1kit.sampling import SamplingParams, load_sampler, vllm_available
+from r1kit.sampling import SamplingParams, hf_backend, load_sampler, vllm_available
 from r1kit.tasks import addition
 
 
@@ -72,6 +76,24 @@ def measure(backend: str, model: str, prompts: list[str], n: int, params: Sampli
     return {"backend": backend, "dtype": dtype, "load_s": load_s, **best}
 
 
+class Warpers:
+    """transformers' own sampling step, as `model.generate(do_sample=True)` takes it: the
+    temperature and top-p warpers, then a multinomial draw over the whole vocabulary."""
+
+    def __init__(self, temperature: float, top_p: float):
+        from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+
+        self.warpers = [TemperatureLogitsWarper(temperature)] + ([TopPLogitsWarper(top_p)] if top_p < 1 else [])
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        for warper in self.warpers:
+            scores = warper(input_ids, scores)
+        tokens = torch.multinomial(scores.softmax(dim=-1), 1)
+        return torch.full_like(scores, float("-inf")).scatter_(-1, tokens, 0.0)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", help="model folder or hub id (default: the offline tiny model)")
@@ -80,6 +102,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated precisions of the weights")
+    p.add_argument("--warpers", action="store_true", help="also time transformers' own sampling step")
     args = p.parse_args()
 
     model = args.model
@@ -89,7 +112,7 @@ def main() -> None:
         model = str(build_tiny_model(tempfile.mkdtemp(prefix="r1kit-tiny-") + "/model"))
     prompts = [templates.render("r1_zero", row["prompt"]) for row in addition(n=args.prompts, split="test")]
     params = SamplingParams(temperature=0.6, top_p=0.95, max_tokens=args.max_tokens, seed=0)
-    backends = ["transformers"] + (["vllm"] if vllm_available() else [])
+    backends = ["transformers"] + (["transformers-warpers"] if args.warpers else []) + (["vllm"] if vllm_available() else [])
     dtypes = args.dtypes.split(",")
     per_token = flops_per_token(model)
     print(f"model {model}: {args.prompts} prompts x {args.samples} samples, max_tokens {args.max_tokens}, {per_token / 1e9:.3f} GFLOP a token")
@@ -101,16 +124,24 @@ def main() -> None:
     results = {}
     for backend in backends:
         for dtype in dtypes:
-            r = results[backend, dtype] = measure(backend, model, prompts, args.samples, params, args.repeats, dtype)
+            if backend == "transformers-warpers":
+                with mock.patch.object(hf_backend, "Nucleus", Warpers):
+                    r = measure("transformers", model, prompts, args.samples, params, args.repeats, dtype)
+            else:
+                r = measure(backend, model, prompts, args.samples, params, args.repeats, dtype)
+            results[backend, dtype] = r
             share = r["tok_s"] / limits[dtype]
             print(
-                f"{backend:<13} {dtype:<9} {r['tokens']:>7} tokens in {r['seconds']:7.2f} s = {r['tok_s']:8.0f} tok/s, "
+                f"{backend:<20} {dtype:<9} {r['tokens']:>7} tokens in {r['seconds']:7.2f} s = {r['tok_s']:8.0f} tok/s, "
                 f"{100 * share:5.1f}% of the {dtype} limit   (load {r['load_s']:.1f} s)"
             )
     for dtype in dtypes:
         if ("vllm", dtype) in results:
             ratio = results["vllm", dtype]["tok_s"] / results["transformers", dtype]["tok_s"]
             print(f"vllm / transformers, {dtype}: {ratio:.2f}x tokens per second")
+        if ("transformers-warpers", dtype) in results:
+            ratio = results["transformers", dtype]["tok_s"] / results["transformers-warpers", dtype]["tok_s"]
+            print(f"transformers with r1kit's sampling step / with its own, {dtype}: {ratio:.2f}x tokens per second")
     if "float32" in dtypes and "bfloat16" in dtypes:
         for backend in backends:
             ratio = results[backend, "bfloat16"]["tok_s"] / results[backend, "float32"]["tok_s"]

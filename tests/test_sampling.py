@@ -116,3 +116,26 @@ def test_generation_shards_follow_the_engines(monkeypatch):
     assert engine_gpus(1, 4, [str(i) for i in range(8)]) == ["4", "5", "6", "7"]
     with pytest.raises(RecipeError, match="tensor_parallel_size: 16 GPUs per engine, but a node has 8"):
         shard_of(0, 16, "vllm", {"tensor_parallel_size": 16})
+
+
+@pytest.mark.parametrize("wide, top_p", [(False, 0.95), (False, 0.5), (True, 0.95)])
+def test_nucleus_draws_what_transformers_warpers_draw(wide, top_p):
+    """The transformers backend's sampler against transformers' temperature and top-p warpers on
+    one row of logits over 5,000 tokens: the same nucleus, the same probabilities. In the wide
+    row, 200 tokens are about equally likely, so the nucleus holds more than the first 64."""
+    import torch
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+
+    from r1kit.sampling.hf_backend import Nucleus
+
+    torch.manual_seed(0)
+    vocab = 5000
+    logits = torch.randn(1, vocab) * 3
+    if wide:
+        logits = torch.randn(1, vocab) - 5
+        logits[0, torch.randperm(vocab)[:200]] = torch.randn(200) * 0.1 + 5
+    exact = TopPLogitsWarper(top_p)(None, TemperatureLogitsWarper(0.6)(None, logits.clone())).softmax(-1)[0]
+    picked = torch.cat([Nucleus(0.6, top_p)(None, logits.repeat(4000, 1)).argmax(-1) for _ in range(20)])
+    assert set(picked.tolist()) == set(exact.nonzero().flatten().tolist())
+    drawn = torch.bincount(picked, minlength=vocab).float() / picked.numel()
+    assert (drawn - exact).abs().sum().item() / 2 < 0.03  # total variation
