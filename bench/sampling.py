@@ -77,8 +77,9 @@ def measure(backend: str, model: str, prompts: list[str], n: int, params: Sampli
 
 
 class Warpers:
-    """transformers' own sampling step, as `model.generate(do_sample=True)` takes it: the
-    temperature and top-p warpers, then a multinomial draw over the whole vocabulary."""
+    """A stand-in for transformers' own sampling step, as `model.generate(do_sample=True)` takes
+    it: the temperature and top-p warpers, then a multinomial draw over the whole vocabulary
+    (plus the fill and argmax over the vocabulary that `Nucleus` costs too)."""
 
     def __init__(self, temperature: float, top_p: float):
         from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper

@@ -118,24 +118,44 @@ def test_generation_shards_follow_the_engines(monkeypatch):
         shard_of(0, 16, "vllm", {"tensor_parallel_size": 16})
 
 
-@pytest.mark.parametrize("wide, top_p", [(False, 0.95), (False, 0.5), (True, 0.95)])
-def test_nucleus_draws_what_transformers_warpers_draw(wide, top_p):
-    """The transformers backend's sampler against transformers' temperature and top-p warpers on
-    one row of logits over 5,000 tokens: the same nucleus, the same probabilities. In the wide
-    row, 200 tokens are about equally likely, so the nucleus holds more than the first 64."""
+def peaked_and_wide(vocab: int):
+    """Two rows of logits: one whose nucleus is a few tokens, one where 200 tokens are about
+    equally likely, so that its nucleus holds more than the first 64."""
+    import torch
+
+    torch.manual_seed(0)
+    peaked = torch.randn(vocab) * 2
+    wide = torch.randn(vocab) - 5
+    wide[torch.randperm(vocab)[:200]] = torch.randn(200) * 0.1 + 5
+    return torch.stack([peaked, wide])
+
+
+@pytest.mark.parametrize("vocab, top_p", [(5000, 0.95), (5000, 0.5), (1000, 0.95), (1000, 1.0)])
+def test_nucleus_draws_what_transformers_warpers_draw(vocab, top_p):
+    """The transformers backend's sampler against transformers' temperature and top-p warpers, on
+    a batch mixing a peaked and a wide row: per row the same nucleus, the same probabilities. A
+    vocabulary of 1,000 is ranked whole; top_p 1 draws from the whole vocabulary."""
     import torch
     from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
     from r1kit.sampling.hf_backend import Nucleus
 
-    torch.manual_seed(0)
-    vocab = 5000
-    logits = torch.randn(1, vocab) * 3
-    if wide:
-        logits = torch.randn(1, vocab) - 5
-        logits[0, torch.randperm(vocab)[:200]] = torch.randn(200) * 0.1 + 5
-    exact = TopPLogitsWarper(top_p)(None, TemperatureLogitsWarper(0.6)(None, logits.clone())).softmax(-1)[0]
-    picked = torch.cat([Nucleus(0.6, top_p)(None, logits.repeat(4000, 1)).argmax(-1) for _ in range(20)])
-    assert set(picked.tolist()) == set(exact.nonzero().flatten().tolist())
-    drawn = torch.bincount(picked, minlength=vocab).float() / picked.numel()
-    assert (drawn - exact).abs().sum().item() / 2 < 0.03  # total variation
+    logits = peaked_and_wide(vocab)
+    warped = TemperatureLogitsWarper(0.6)(None, logits.clone())
+    exact = (TopPLogitsWarper(top_p)(None, warped) if top_p < 1 else warped).softmax(-1)
+    nucleus = Nucleus(0.6, top_p)
+    picked = torch.cat([nucleus(None, logits.repeat(2000, 1)).argmax(-1).view(2000, 2) for _ in range(20)])
+    for row in range(2):
+        support = set(exact[row].nonzero().flatten().tolist())
+        if top_p < 1:
+            assert len(support) > 1 and set(picked[:, row].tolist()) == support
+        drawn = torch.bincount(picked[:, row], minlength=vocab).float() / picked.size(0)
+        assert (drawn - exact[row]).abs().sum().item() / 2 < 0.04  # total variation; 40,000 draws give about 0.027
+
+
+def test_nucleus_refuses_what_transformers_refuses():
+    from r1kit.sampling.hf_backend import Nucleus
+
+    for temperature, top_p in ((0.6, 0.0), (0.6, 1.5), (0.0, 0.95)):
+        with pytest.raises(ValueError, match="top_p"):
+            Nucleus(temperature, top_p)

@@ -68,14 +68,18 @@ class Nucleus:
     `top_p`, renormalised (no top-k, as in vLLM). transformers sorts the whole vocabulary and
     draws from all of it at every step, which on a CPU costs more than the model's own matmuls
     for a 135M-parameter model; here the k most likely tokens hold the nucleus as soon as their
-    probability reaches `top_p` (k starts at 64 and doubles until it does; a vocabulary of up to
-    4,096 tokens is ranked whole), and only they are drawn from. Draws come from torch's global
-    generator.
+    probability reaches `top_p` (k starts at 64 and doubles until it does, up to a sixteenth of
+    the vocabulary, past which it is ranked whole, as a vocabulary of up to 4,096 tokens always
+    is), and only they are drawn from. The same up to rounding at the nucleus's edge and the order
+    of tied tokens. Draws come from torch's global generator. Other sampling settings of the
+    model's generation_config.json (min_p, typical_p, ...) are not applied, as in vLLM.
     """
 
     WHOLE = 4096  # a vocabulary up to this size is ranked whole: cheaper than a second topk
 
     def __init__(self, temperature: float, top_p: float, k: int = 64):
+        if not temperature > 0 or not 0 < top_p <= 1:
+            raise ValueError(f"sampling needs temperature > 0 and 0 < top_p <= 1; got {temperature}, {top_p}")
         self.temperature, self.top_p, self.k = temperature, top_p, k
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -92,7 +96,7 @@ class Nucleus:
                 mass = probs.cumsum(dim=-1)
                 if k == vocab or bool((mass[:, -1] >= self.top_p).all()):
                     break
-                k = min(2 * k, vocab)
+                k = 2 * k if 2 * k <= vocab // 16 else vocab
             keep = (mass - probs) < self.top_p  # the tokens before this one fall short of top_p
             tokens = index.gather(-1, torch.multinomial(probs * keep, 1))
         return torch.full_like(scores, float("-inf")).scatter_(-1, tokens, 0.0)
