@@ -184,6 +184,8 @@ def test_select_verifies_filters_then_caps():
         ({"rewards": []}, "rej.rewards: a rejection stage needs at least one reward"),
         ({"mix": {"source": "chats.jsonl"}}, "rej.mix: mixing conversations needs mode: samples and template: chat"),
         ({"min_pass_rate": 0.5, "max_pass_rate": 0.5}, "need 0 <= min_pass_rate < max_pass_rate <= 1"),
+        ({"top_p": 0.0}, "rej: need temperature >= 0, 0 < top_p <= 1 and max_tokens >= 1; got temperature 1.0, top_p 0.0"),
+        ({"temperature": -1}, "need temperature >= 0, 0 < top_p <= 1"),
         ({"filters": {"langauge": "en"}}, "rej.filters: unknown key 'langauge' (did you mean 'language'?)"),
         ({"filters": {"language": "xx"}}, "rej.filters.language: 'xx' is not one of en, zh"),
         ({"backend": "sglang"}, "rej.backend: 'sglang' is not allowed"),
