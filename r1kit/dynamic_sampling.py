@@ -6,8 +6,9 @@ scoring (read from the rewards: their weighted sum, or with ``multi_objective_ag
 normalize_then_sum`` each reward, equal across the group) and refills the generation batch with
 groups generated from further training prompts, for at most `max_rounds` extra generation
 rounds. If the batch is still short after that, the remaining slots are topped up with dropped
-groups, their advantages set to zero (no gradient, shapes unchanged), and the shortfall is logged. Logged per generation: ``dynamic_sampling/dropped_groups``,
-``dynamic_sampling/rounds`` and ``dynamic_sampling/unfilled_groups``.
+groups, their advantages set to zero (no gradient, shapes unchanged), and the shortfall is
+logged. Logged per generation: ``dynamic_sampling/dropped_groups``, ``dynamic_sampling/rounds``
+and ``dynamic_sampling/unfilled_groups``.
 
 Refill prompts come from a seeded shuffle of the training set, independent of TRL's sampler. In a
 multi-process run every process shuffles alike and takes its own share of that order (process

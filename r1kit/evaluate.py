@@ -104,8 +104,9 @@ def check_settings(s: Settings) -> None:
 
     if s.samples < 1:
         raise EvalError(f"samples must be at least 1, got {s.samples}")
-    if s.temperature < 0 or not 0 < s.top_p <= 1 or s.max_tokens < 1:
-        raise EvalError(f"need temperature >= 0, 0 < top_p <= 1 and max_tokens >= 1; got {s.temperature}, {s.top_p}, {s.max_tokens}")
+    problem = s.sampling_problem()
+    if problem:
+        raise EvalError(problem)
     problem = templates.check(s.template)
     if problem:
         raise EvalError(problem)

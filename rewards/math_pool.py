@@ -73,6 +73,7 @@ def _parse(answer: str) -> list:
 
 _PLUS_MINUS = re.compile(r"(?<!\\)\\(?:pm|mp)(?![A-Za-z])|[\u00b1\u2213]")
 _SET = re.compile(r"(\\left\s*)?\\\{(.*?)(\\right\s*)?\\\}", re.DOTALL)
+_SET_BRACE = re.compile(r"\\[{}]")
 _OPEN, _CLOSE = "{([", "})]"
 
 
@@ -99,7 +100,7 @@ def _expand_formula(formula: str) -> str:
     if not _PLUS_MINUS.search(formula):
         return formula
     braced = _SET.fullmatch(formula.strip())
-    if braced and _one_set(braced.group(2)):
+    if braced and _balanced(braced.group(2), _SET_BRACE, "\\{"):  # one set, not several
         return "\\{" + _expand_formula(braced.group(2)) + "\\}"
     elements, depth, last = [], 0, 0
     for i, ch in enumerate(formula):
@@ -119,20 +120,12 @@ def _expand_formula(formula: str) -> str:
     return f"{signed(True)}, {signed(False)}"
 
 
-def _one_set(inner: str) -> bool:
-    """Whether the ``\\{`` and ``\\}`` in `inner` pair up, so ``\\{inner\\}`` is one set, not several."""
+def _balanced(s: str, braces: re.Pattern = BRACE, opening: str = "{") -> bool:
+    """Whether every closing brace of `s` (grouping braces, or those `braces` finds) closes an
+    earlier opening one, and none stays open."""
     depth = 0
-    for m in re.finditer(r"\\[{}]", inner):
-        depth += 1 if m.group() == "\\{" else -1
-        if depth < 0:
-            return False
-    return depth == 0
-
-
-def _balanced(s: str) -> bool:
-    depth = 0
-    for m in BRACE.finditer(s):
-        depth += 1 if m.group() == "{" else -1
+    for m in braces.finditer(s):
+        depth += 1 if m.group() == opening else -1
         if depth < 0:
             return False
     return depth == 0

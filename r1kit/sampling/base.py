@@ -23,6 +23,15 @@ class SamplingConfig:
     max_tokens: int = 32768
     """Most new tokens per sample (R1: 32768); a rejection stage drops samples cut there."""
 
+    def sampling_problem(self) -> str | None:
+        """What is wrong with these settings, in one line, or None."""
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.max_tokens < 1:
+            return (
+                "need temperature >= 0, 0 < top_p <= 1 and max_tokens >= 1; "
+                f"got temperature {self.temperature}, top_p {self.top_p}, max_tokens {self.max_tokens}"
+            )
+        return None
+
 
 @dataclass(kw_only=True)
 class EngineConfig:

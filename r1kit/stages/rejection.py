@@ -146,11 +146,9 @@ def check(stage: RejectionStage) -> None:
             f"{stage.name}.min_total: {stage.min_total:g} can never be reached: with these weights a sample scores at most "
             f"{best:g}; lower min_total or raise a reward's weight"
         )
-    if stage.temperature < 0 or not 0 < stage.top_p <= 1 or stage.max_tokens < 1:
-        raise RecipeError(
-            f"{stage.name}: need temperature >= 0, 0 < top_p <= 1 and max_tokens >= 1; "
-            f"got temperature {stage.temperature}, top_p {stage.top_p}, max_tokens {stage.max_tokens}"
-        )
+    problem = stage.sampling_problem()
+    if problem:
+        raise RecipeError(f"{stage.name}: {problem}")
     for key in ("samples", "chunk_prompts"):
         if getattr(stage, key) < 1:
             raise RecipeError(f"{stage.name}.{key}: must be at least 1, got {getattr(stage, key)}")
