@@ -13,7 +13,8 @@ steps each:
   CPU, bfloat16 autocast around each forward pass, generation included), gradient checkpointing,
   no reference model, the DAPO token-level loss;
 - **r1kit**: a one-stage recipe run by r1kit's pipeline, with its CPU and paper defaults
-  (float32, no gradient checkpointing, ``beta: 0.001`` with a reference model, the
+  (bfloat16 autocast where r1kit.precision picks it, rollouts generated inside one autocast
+  region, else float32; no gradient checkpointing; ``beta: 0.001`` with a reference model; the
   sequence-level GRPO loss), plus --r1kit-trainer fields.
 
 Each step is split into phases by timing TRL's own methods: generation (``_generate``), rewards

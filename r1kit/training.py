@@ -6,8 +6,8 @@
   through.
 - `trainer_args(config_cls, ctx, **r1kit_defaults)`: the recipe's ``trainer:`` fields, passed to
   the trainer library's config unchanged, plus the fields r1kit owns (output folder, seed) and,
-  when no GPU is present, CPU-safe defaults for the fields the recipe left unset (logged). The
-  whole effective config, every library default included, is written to
+  when no GPU is present, CPU-safe defaults for the fields the recipe left unset (logged), with
+  bf16 autocast where it pays (r1kit.precision). The whole effective config, every library default included, is written to
   ``<stage>/trainer_config.json``.
 - `last_checkpoint(ctx)` and `MetricsLog`, a callback writing every logged figure to
   ``<stage>/metrics.jsonl`` that stays consistent across resumes.
@@ -26,7 +26,8 @@ from r1kit.files import write_atomic
 
 log = logging.getLogger("r1kit")
 
-# TRL refuses to start on a machine without a GPU unless told so (it defaults to bf16).
+# TRL refuses to start on a machine without a GPU unless told so (it defaults to bf16). At run time
+# bf16 becomes r1kit.precision's choice for the stage's model.
 CPU_DEFAULTS = {
     "use_cpu": True,
     "bf16": False,
@@ -101,6 +102,12 @@ def trainer_fields(stage, recipe, r1kit_defaults: dict) -> tuple[dict, dict]:
 def trainer_args(config_cls, ctx, **r1kit_defaults):
     """The trainer library's config for this stage (see `trainer_fields`), recorded in the stage folder."""
     fields, applied = trainer_fields(ctx.stage, ctx.recipe, r1kit_defaults)
+    if "bf16" in applied:
+        from r1kit.precision import cpu_bf16
+
+        bf16, why = cpu_bf16(ctx.model)
+        fields["bf16"] = applied["bf16"] = bf16
+        log.info("%s: bfloat16 autocast %s: %s (trainer.bf16 overrides)", ctx.stage.name, "on" if fields["bf16"] else "off", why)
     if applied:
         log.info("%s: no GPU found; CPU defaults applied: %s", ctx.stage.name, applied)
     config = config_cls(**fields)

@@ -67,3 +67,113 @@ def test_model_init_kwargs_dtype_is_honoured(write_recipe, bf16_model):
     changed = sum(int((after[k] != before[k]).sum()) for k in before) / sum(v.numel() for v in before.values())
     assert changed < 0.1
     assert json.loads((Path(record["model"]) / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+# bfloat16 on a CPU: r1kit's own choice (r1kit.precision) and the recipe's override.
+
+X86_BF16 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 amx_tile\n"
+X86_NO_BF16 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512bw\n"
+ARM_BF16 = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n"
+
+
+@pytest.mark.parametrize("cpuinfo, native", [(X86_BF16, True), (X86_NO_BF16, False), (ARM_BF16, True), ("", False)])
+def test_native_bf16_reads_the_cpu_flags(cpuinfo, native):
+    from r1kit.precision import native_bf16
+
+    assert native_bf16(cpuinfo) is native
+
+
+def _config(folder: Path, hidden: int) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": hidden}))
+    return folder
+
+
+def test_cpu_bf16_needs_native_arithmetic_and_large_matrices(tmp_path):
+    from r1kit.precision import MIN_HIDDEN, cpu_bf16
+
+    big, small = _config(tmp_path / "big", MIN_HIDDEN), _config(tmp_path / "small", 128)
+    assert cpu_bf16(str(big), X86_BF16)[0] is True
+    on, why = cpu_bf16(str(small), X86_BF16)
+    assert on is False and "hidden size 128" in why
+    on, why = cpu_bf16(str(big), X86_NO_BF16)
+    assert on is False and "no bfloat16 arithmetic" in why
+    assert cpu_bf16(str(tmp_path / "nothing-here"), X86_BF16)[0] is False
+
+
+@pytest.fixture(scope="module")
+def wide_model(tmp_path_factory) -> Path:
+    """A one-layer model with hidden size 512: large enough for r1kit to pick bfloat16."""
+    from r1kit.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("wide") / "model", hidden_size=512, num_layers=1, num_heads=4,
+                            num_kv_heads=2, intermediate_size=1024, seed=0)
+
+
+@pytest.fixture
+def bf16_cpu(monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("r1kit's CPU precision choice applies without a GPU")
+    monkeypatch.setattr("r1kit.precision.native_bf16", lambda cpuinfo=None: True)
+
+
+@pytest.mark.parametrize("trainer, expected", [({}, True), ({"bf16": False}, False)])
+def test_grpo_on_a_bf16_cpu_autocasts_its_rollouts_unless_the_recipe_says_no(write_recipe, wide_model, bf16_cpu, monkeypatch, trainer, expected):
+    from trl import GRPOTrainer
+
+    regions = []
+    original = GRPOTrainer._generate_single_turn
+
+    def spy(self, *args, **kwargs):
+        regions.append(torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", spy)
+    record = _run(write_recipe, wide_model, "grpo", trainer)
+    config = json.loads((Path(record["model"]).parent / "trainer_config.json").read_text())
+    assert config["bf16"] is expected
+    assert regions and all(r is expected for r in regions)  # one region around each rollout batch
+
+
+def test_autocast_rollouts_cast_each_weight_once_per_batch():
+    """Inside the outer region, the nested per-forward regions (as accelerate wraps each forward)
+    reuse the cast weight: 3 forwards cast it once (and their 3 inputs); alone, 3 times."""
+    from types import SimpleNamespace
+
+    from torch.profiler import profile
+
+    from r1kit.stages.grpo import autocast_rollouts
+
+    weight = torch.nn.Parameter(torch.randn(8, 8))
+
+    def generate(steps):
+        x = torch.randn(2, 8)
+        with torch.no_grad():
+            for _ in range(steps):
+                with torch.autocast("cpu", dtype=torch.bfloat16):  # accelerate's wrapper around forward
+                    assert torch.nn.functional.linear(x, weight).dtype == torch.bfloat16
+
+    def casts(run) -> int:
+        with profile() as prof:
+            run(3)
+        return sum(e.count for e in prof.key_averages() if e.key == "aten::_to_copy")
+
+    trainer = SimpleNamespace(_generate_single_turn=generate)
+    autocast_rollouts(trainer)
+    assert casts(generate) == 6
+    assert casts(trainer._generate_single_turn) == 4
+    assert not torch.is_autocast_enabled("cpu")
+
+
+@pytest.mark.parametrize("options, expected", [({}, torch.bfloat16), ({"dtype": "float32"}, torch.float32)])
+def test_samplers_load_bfloat16_weights_on_a_bf16_cpu(wide_model, bf16_cpu, options, expected):
+    from r1kit.sampling import load_sampler
+
+    sampler = load_sampler(str(wide_model), "transformers", **options)
+    assert sampler.model.dtype == expected
+
+
+def test_samplers_keep_float32_where_bfloat16_does_not_pay(tiny_model, bf16_cpu):
+    from r1kit.sampling import load_sampler
+
+    assert load_sampler(str(tiny_model), "transformers").model.dtype == torch.float32

@@ -117,9 +117,32 @@ def run(ctx: StageContext) -> StageResult:
     else:
         trainer = GRPOTrainer(**kwargs)
     trainer.add_callback(clock.log_steps(trainer))
+    if args.bf16 and args.use_cpu:
+        autocast_rollouts(trainer)
     sizes = lora.parameters(trainer.model)
     out = train_and_save(trainer, ctx)
     return StageResult(model=out, metrics=sizes | summarize(read_metrics(metrics_path), rewards) | clock.totals())
+
+
+def autocast_rollouts(trainer) -> None:
+    """Generate each rollout batch inside one bfloat16 autocast region on the CPU.
+
+    With ``bf16`` on a CPU, accelerate wraps every forward call in an autocast region of its own,
+    so each decoding step casts every weight to bfloat16 again and throws the copies away on the
+    way out: rollouts get slower than in float32. Inside one outer region, nested regions keep
+    autocast's cache of cast weights (trainable leaf tensors, cast once per batch, the weights do
+    not change while generating). The tokens are drawn from the same bfloat16-computed logits
+    either way."""
+    import torch
+
+    generate = trainer._generate_single_turn
+
+    @functools.wraps(generate)
+    def in_one_region(*args, **kwargs):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return generate(*args, **kwargs)
+
+    trainer._generate_single_turn = in_one_region
 
 
 class RewardClock:
