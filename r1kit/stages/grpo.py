@@ -117,7 +117,7 @@ def run(ctx: StageContext) -> StageResult:
     else:
         trainer = GRPOTrainer(**kwargs)
     trainer.add_callback(clock.log_steps(trainer))
-    if args.bf16 and args.use_cpu:
+    if args.bf16 and trainer.accelerator.device.type == "cpu":
         autocast_rollouts(trainer)
     sizes = lora.parameters(trainer.model)
     out = train_and_save(trainer, ctx)
@@ -130,9 +130,10 @@ def autocast_rollouts(trainer) -> None:
     With ``bf16`` on a CPU, accelerate wraps every forward call in an autocast region of its own,
     so each decoding step casts every weight to bfloat16 again and throws the copies away on the
     way out: rollouts get slower than in float32. Inside one outer region, nested regions keep
-    autocast's cache of cast weights (trainable leaf tensors, cast once per batch, the weights do
-    not change while generating). The tokens are drawn from the same bfloat16-computed logits
-    either way."""
+    autocast's cache of cast weights, so each is cast once per batch (the weights do not change
+    while generating). The cache holds trainable weights only: a LoRA stage's frozen base is
+    still cast at every step. The tokens are drawn from the same bfloat16-computed logits either
+    way; log-probabilities and the loss are computed outside the region, as before."""
     import torch
 
     generate = trainer._generate_single_turn
