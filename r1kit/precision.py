@@ -24,6 +24,7 @@ Not here: anything on GPUs, where TRL's and vLLM's own defaults apply.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 MIN_HIDDEN = 512
@@ -69,3 +70,17 @@ def cpu_bf16(model: str, cpuinfo: str | None = None) -> tuple[bool, str]:
     if size < MIN_HIDDEN:
         return False, f"the model's hidden size {size} is below {MIN_HIDDEN}: casts cost more than they save"
     return True, f"the CPU computes bfloat16 and the model's hidden size is {size} (>= {MIN_HIDDEN})"
+
+
+def sampling_dtype(model: str) -> str | None:
+    """``"bfloat16"`` when a sampler on this machine should load `model` in it (no GPU, and
+    `cpu_bf16` says it pays), logged; else None, and the backend keeps its own default."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    bf16, why = cpu_bf16(model)
+    if not bf16:
+        return None
+    logging.getLogger("r1kit").info("sampling in bfloat16: %s (backend_options.dtype overrides)", why)
+    return "bfloat16"

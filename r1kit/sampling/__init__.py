@@ -16,9 +16,9 @@ Sampling knows nothing about training: it loads a model folder or hub id and gen
 from __future__ import annotations
 
 import importlib.util
-import logging
 from pathlib import Path
 
+from r1kit import precision
 from r1kit.errors import RecipeError
 
 from r1kit.sampling.base import BACKENDS, Completion, Sampler, SamplingParams
@@ -46,8 +46,8 @@ def load_sampler(model: str, backend: str = "auto", **options) -> Sampler:
         raise RecipeError(f"{model}: no such model folder")
     if backend == "auto":
         backend = "vllm" if vllm_available() else "transformers"
-    if "dtype" not in options:
-        options = {**cpu_dtype(model), **options}
+    if "dtype" not in options and precision.sampling_dtype(model):
+        options = {**options, "dtype": "bfloat16"}
     if backend == "vllm":
         if not vllm_available():
             raise RecipeError(f"backend vllm: {VLLM_MISSING}; or use backend transformers")
@@ -57,22 +57,6 @@ def load_sampler(model: str, backend: str = "auto", **options) -> Sampler:
     from r1kit.sampling.hf_backend import HFSampler
 
     return HFSampler(model, **options)
-
-
-def cpu_dtype(model: str) -> dict:
-    """``{"dtype": "bfloat16"}`` on a CPU where bfloat16 pays for `model` (r1kit.precision), logged;
-    else nothing (the backend's own default). Not asked when ``backend_options`` names a dtype."""
-    import torch
-
-    if torch.cuda.is_available():
-        return {}
-    from r1kit.precision import cpu_bf16
-
-    bf16, why = cpu_bf16(model)
-    if not bf16:
-        return {}
-    logging.getLogger("r1kit").info("sampling in bfloat16: %s (backend_options.dtype overrides)", why)
-    return {"dtype": "bfloat16"}
 
 
 def shard_of(rank: int, world: int, backend: str = "auto", options: dict | None = None) -> tuple[int | None, int]:
