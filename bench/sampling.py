@@ -6,6 +6,7 @@ machine's arithmetic limit measured in the same run.
     python bench/sampling.py --model runs/demo/sft/model --max-tokens 256 --repeats 3
     python bench/sampling.py --model M --dtypes float32   # one precision only
     python bench/sampling.py --model M --warpers          # also transformers' own sampling step
+    python bench/sampling.py --model M --generate         # also model.generate instead of r1kit's loop
 
 Prompts are addition questions (r1kit.tasks) in the r1_zero template, sampled at the evaluation
 protocol's temperature 0.6 and top-p 0.95. Each backend is loaded, warmed up on one prompt, then
@@ -15,7 +16,8 @@ The limit: torch's matmul throughput on 2048 x 2048 matrices in each precision, 
 (attention over the context comes on top). Prints one line per backend and precision, and the
 ratios. Without vllm installed, only transformers runs. With --warpers, the transformers backend
 also runs with transformers' own sampling step in place of r1kit's `Nucleus` (its temperature and
-top-p warpers, which sort the whole vocabulary, then a draw over all of it), for the ratio.
+top-p warpers, which sort the whole vocabulary, then a draw over all of it), for the ratio; with
+--generate, with ``model.generate`` in place of r1kit's decoding loop (r1kit.sampling.decode).
 
 Not measured: start-up cost beyond the printed load time, GPU throughput, memory.
 """
@@ -59,9 +61,10 @@ def flops_per_token(model: str) -> float:
         return 2.0 * AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model)).num_parameters()
 
 
-def measure(backend: str, model: str, prompts: list[str], n: int, params: SamplingParams, repeats: int, dtype: str) -> dict:
+def measure(backend: str, model: str, prompts: list[str], n: int, params: SamplingParams, repeats: int, dtype: str, wrap=None) -> dict:
     t0 = time.perf_counter()
     sampler = load_sampler(model, backend=backend, dtype=dtype)
+    sampler = wrap(sampler) if wrap else sampler
     load_s = time.perf_counter() - t0
     sampler.generate_full(prompts[:1], 1, params)  # warm-up: first-call allocation and kernels
     best = None
@@ -78,21 +81,52 @@ def measure(backend: str, model: str, prompts: list[str], n: int, params: Sampli
 
 class Warpers:
     """A stand-in for transformers' own sampling step, as `model.generate(do_sample=True)` takes
-    it: the temperature and top-p warpers, then a multinomial draw over the whole vocabulary
-    (plus the fill and argmax over the vocabulary that `Nucleus` costs too)."""
+    it: the temperature and top-p warpers, then a multinomial draw over the whole vocabulary."""
 
     def __init__(self, temperature: float, top_p: float):
         from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
         self.warpers = [TemperatureLogitsWarper(temperature)] + ([TopPLogitsWarper(top_p)] if top_p < 1 else [])
 
-    def __call__(self, input_ids, scores):
+    def draw(self, scores):
         import torch
 
         for warper in self.warpers:
-            scores = warper(input_ids, scores)
-        tokens = torch.multinomial(scores.softmax(dim=-1), 1)
-        return torch.full_like(scores, float("-inf")).scatter_(-1, tokens, 0.0)
+            scores = warper(None, scores)
+        return torch.multinomial(scores.softmax(dim=-1), 1).squeeze(1)
+
+
+class WithGenerate:
+    """The transformers backend with ``model.generate`` in place of r1kit's decoding loop (every
+    sample prefilled, transformers' cache and attention), drawing with the same `Nucleus`: the
+    backend before r1kit's loop, for the ratio."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+
+    def generate_full(self, prompts, n, params):
+        import torch
+
+        from r1kit.sampling.base import Completion
+
+        s, out = self.sampler, []
+        eos_ids = {s.tokenizer.eos_token_id} | set(s.model.generation_config.eos_token_id if isinstance(s.model.generation_config.eos_token_id, list) else [s.model.generation_config.eos_token_id])
+        nucleus = hf_backend.Nucleus(params.temperature, params.top_p)
+
+        def processor(input_ids, scores):
+            return torch.full_like(scores, float("-inf")).scatter_(-1, nucleus.draw(scores)[:, None], 0.0)
+
+        flat = [p for p in prompts for _ in range(n)]
+        for start in range(0, len(flat), s.batch_size):
+            enc = s.tokenizer(flat[start : start + s.batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
+            torch.manual_seed(params.seed + start)
+            gen = s.model.generate(**enc, max_new_tokens=params.max_tokens, do_sample=False, temperature=None, top_p=None, top_k=None,
+                                   logits_processor=[processor], pad_token_id=s.tokenizer.pad_token_id)
+            for row in gen[:, enc["input_ids"].shape[1] :].tolist():
+                end = next((i for i, t in enumerate(row) if t in eos_ids), None)
+                tokens = row[: end + 1] if end is not None else row
+                out.append(Completion(text="", tokens=len(tokens), truncated=end is None))
+        return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
 
 
 def main() -> None:
@@ -104,6 +138,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated precisions of the weights")
     p.add_argument("--warpers", action="store_true", help="also time transformers' own sampling step")
+    p.add_argument("--generate", action="store_true", help="also time model.generate in place of r1kit's decoding loop")
     args = p.parse_args()
 
     model = args.model
@@ -113,7 +148,8 @@ def main() -> None:
         model = str(build_tiny_model(tempfile.mkdtemp(prefix="r1kit-tiny-") + "/model"))
     prompts = [templates.render("r1_zero", row["prompt"]) for row in addition(n=args.prompts, split="test")]
     params = SamplingParams(temperature=0.6, top_p=0.95, max_tokens=args.max_tokens, seed=0)
-    backends = ["transformers"] + (["transformers-warpers"] if args.warpers else []) + (["vllm"] if vllm_available() else [])
+    backends = ["transformers"] + (["transformers-generate"] if args.generate else []) + (["transformers-warpers"] if args.warpers else [])
+    backends += ["vllm"] if vllm_available() else []
     dtypes = args.dtypes.split(",")
     per_token = flops_per_token(model)
     print(f"model {model}: {args.prompts} prompts x {args.samples} samples, max_tokens {args.max_tokens}, {per_token / 1e9:.3f} GFLOP a token")
@@ -128,6 +164,8 @@ def main() -> None:
             if backend == "transformers-warpers":
                 with mock.patch.object(hf_backend, "Nucleus", Warpers):
                     r = measure("transformers", model, prompts, args.samples, params, args.repeats, dtype)
+            elif backend == "transformers-generate":
+                r = measure("transformers", model, prompts, args.samples, params, args.repeats, dtype, wrap=WithGenerate)
             else:
                 r = measure(backend, model, prompts, args.samples, params, args.repeats, dtype)
             results[backend, dtype] = r
@@ -140,6 +178,9 @@ def main() -> None:
         if ("vllm", dtype) in results:
             ratio = results["vllm", dtype]["tok_s"] / results["transformers", dtype]["tok_s"]
             print(f"vllm / transformers, {dtype}: {ratio:.2f}x tokens per second")
+        if ("transformers-generate", dtype) in results:
+            ratio = results["transformers", dtype]["tok_s"] / results["transformers-generate", dtype]["tok_s"]
+            print(f"transformers with r1kit's decoding loop / with model.generate, {dtype}: {ratio:.2f}x tokens per second")
         if ("transformers-warpers", dtype) in results:
             ratio = results["transformers", dtype]["tok_s"] / results["transformers-warpers", dtype]["tok_s"]
             print(f"transformers with r1kit's sampling step / with its own, {dtype}: {ratio:.2f}x tokens per second")

@@ -145,7 +145,7 @@ def machine_problems(recipe: Recipe) -> list[str]:
     for stage in recipe.stages:
         if getattr(stage, "backend", None) == "vllm" and not vllm_available():
             problems.append(
-                f"{stage.name}.backend: {VLLM_MISSING}; or set backend: transformers (auto takes vLLM when it is installed)"
+                f"{stage.name}.backend: {VLLM_MISSING}; or set backend: transformers (auto takes vLLM on a GPU when it is installed)"
             )
         if (getattr(stage, "trainer", None) or {}).get("use_vllm"):
             if not has_gpu():

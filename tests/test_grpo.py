@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TASK = {"source": "task:addition", "task": {"n": 80, "digits": 1}}
 
 
-def grpo_recipe(write_recipe, model: Path, rewards, **stage) -> Path:
+def grpo_recipe(write_recipe, model: Path, rewards, output_dir: Path | None = None, **stage) -> Path:
     trainer = {
         "max_steps": 2,
         "per_device_train_batch_size": 16,
@@ -30,14 +30,14 @@ def grpo_recipe(write_recipe, model: Path, rewards, **stage) -> Path:
         **stage.pop("trainer", {}),
     }
     rl = {"name": "rl", "kind": "grpo", "template": "plain", "data": TASK, "rewards": rewards, "trainer": trainer, **stage}
-    return write_recipe({"model": str(model), "stages": [rl]})
+    return write_recipe({"model": str(model), "stages": [rl], **({"output_dir": str(output_dir)} if output_dir else {})})
 
 
 def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "rl" / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_grpo_raises_accuracy_on_a_verifiable_task(write_recipe, cold_start, tmp_path):
+def accuracy_run(write_recipe, cold_start, tmp_path, out: str) -> tuple[dict, list[float]]:
     path = grpo_recipe(
         write_recipe,
         cold_start,
@@ -46,18 +46,63 @@ def test_grpo_raises_accuracy_on_a_verifiable_task(write_recipe, cold_start, tmp
         # the step-to-step noise (about 0.02 on a 15-step mean), on any machine's float kernels.
         data={"source": "task:addition", "task": {"n": 16, "digits": 1}},
         trainer={"max_steps": 60, "per_device_train_batch_size": 128, "num_generations": 16, "loss_type": "dapo", "beta": 0.0},
+        output_dir=tmp_path / out,
     )
     record = pipeline.run(load_recipe(path))["rl"]
-    acc = [m["rewards/math_accuracy/mean"] for m in metrics(tmp_path / "run") if "rewards/math_accuracy/mean" in m]
+    acc = [m["rewards/math_accuracy/mean"] for m in metrics(tmp_path / out) if "rewards/math_accuracy/mean" in m]
     assert len(acc) == 60
-    first, last = sum(acc[:15]) / 15, sum(acc[-15:]) / 15
-    assert last > first + 0.05, (first, last)
+    return record, acc
+
+
+def test_grpo_raises_accuracy_on_a_verifiable_task(write_recipe, cold_start, tmp_path, monkeypatch):
+    """Rollouts by r1kit's decoding loop (the CPU default) and by TRL's own generation (as where
+    the loop does not apply): with the same seed, the accuracy rises in both, by about as much."""
+    from r1kit.stages import grpo
+
+    record, acc = accuracy_run(write_recipe, cold_start, tmp_path, "run")
+    monkeypatch.setattr(grpo, "decode_rollouts", lambda trainer: False)
+    _, trl_acc = accuracy_run(write_recipe, cold_start, tmp_path, "trl_run")
+    rises = []
+    for curve in (acc, trl_acc):
+        first, last = sum(curve[:15]) / 15, sum(curve[-15:]) / 15
+        assert last > first + 0.05, (first, last)
+        rises.append(last - first)
+    assert abs(rises[0] - rises[1]) < 0.08, rises  # the two rises' noise is about 0.04 (two 15-step means each)
+    assert abs(sum(acc[:15]) - sum(trl_acc[:15])) / 15 < 0.05  # the same model, sampled the same way
+
     from transformers import AutoModelForCausalLM
 
     start = AutoModelForCausalLM.from_pretrained(cold_start).state_dict()
     end = AutoModelForCausalLM.from_pretrained(record["model"]).state_dict()
     assert any(not torch.equal(start[k], end[k]) for k in start)
     assert record["metrics"]["math_accuracy_first"] == acc[0]
+
+
+def test_rollouts_go_through_r1kits_loop_unless_it_cannot_draw_them(write_recipe, cold_start, monkeypatch):
+    """On a CPU the grpo stage's rollouts come from r1kit's decoding loop; with a setting the loop
+    does not apply (top-k here), from TRL's own ``model.generate``."""
+    from transformers import GenerationMixin
+
+    from r1kit.sampling import decode as decode_lib
+
+    calls = {"decode": 0, "generate": 0}
+    decode, generate = decode_lib.decode, GenerationMixin.generate
+
+    def count(name, fn):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(decode_lib, "decode", count("decode", decode))
+    monkeypatch.setattr(GenerationMixin, "generate", count("generate", generate))
+    pipeline.run(load_recipe(grpo_recipe(write_recipe, cold_start, [{"name": "math_accuracy"}])))
+    assert calls == {"decode": 2, "generate": 0}
+    calls.update(decode=0)
+    path = grpo_recipe(write_recipe, cold_start, [{"name": "math_accuracy"}], trainer={"top_k": 5})
+    pipeline.run(load_recipe(path), restart_from="rl")
+    assert calls == {"decode": 0, "generate": 2}
 
 
 @pytest.mark.parametrize(
@@ -83,9 +128,11 @@ def test_loss_variants_run(write_recipe, cold_start, tmp_path, trainer, expect_k
 
 
 def varies_for_odd_answers(completions, *, answer, **columns):
-    """Constant (0.7) for even answers; 0/1 by completion length for odd ones. 0.7 is inexact in
-    float32: a group of them gets advantages of about 1e-3 from rounding, which must not count."""
-    return [0.7 if int(a) % 2 == 0 else float(len(c) % 2) for c, a in zip(completions, answer)]
+    """Constant (0.7) for even answers; 0/1 by the parity of the completion's character codes for
+    odd ones (nearly a coin flip: the cold-start model's completions differ in their digits more
+    than in their length). 0.7 is inexact in float32: a group of them gets advantages of about
+    1e-3 from rounding, which must not count."""
+    return [0.7 if int(a) % 2 == 0 else float(sum(map(ord, c)) % 2) for c, a in zip(completions, answer)]
 
 
 def test_dynamic_sampling_keeps_zero_signal_groups_out_of_the_loss(write_recipe, cold_start, tmp_path, monkeypatch):

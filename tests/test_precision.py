@@ -119,16 +119,16 @@ def bf16_cpu(monkeypatch):
 
 @pytest.mark.parametrize("trainer, expected", [({}, True), ({"bf16": False}, False)])
 def test_grpo_on_a_bf16_cpu_autocasts_its_rollouts_unless_the_recipe_says_no(write_recipe, wide_model, bf16_cpu, monkeypatch, trainer, expected):
-    from trl import GRPOTrainer
+    from r1kit.sampling import decode as decode_lib
 
     regions = []
-    original = GRPOTrainer._generate_single_turn
+    original = decode_lib.decode  # the rollouts' decoding loop (r1kit.stages.grpo.decode_rollouts)
 
-    def spy(self, *args, **kwargs):
+    def spy(*args, **kwargs):
         regions.append(torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
-        return original(self, *args, **kwargs)
+        return original(*args, **kwargs)
 
-    monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", spy)
+    monkeypatch.setattr(decode_lib, "decode", spy)
     record = _run(write_recipe, wide_model, "grpo", trainer)
     config = json.loads((Path(record["model"]).parent / "trainer_config.json").read_text())
     assert config["bf16"] is expected

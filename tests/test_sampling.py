@@ -138,13 +138,13 @@ def test_nucleus_draws_what_transformers_warpers_draw(vocab, top_p):
     import torch
     from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
-    from r1kit.sampling.hf_backend import Nucleus
+    from r1kit.sampling.decode import Nucleus
 
     logits = peaked_and_wide(vocab)
     warped = TemperatureLogitsWarper(0.6)(None, logits.clone())
     exact = (TopPLogitsWarper(top_p)(None, warped) if top_p < 1 else warped).softmax(-1)
     nucleus = Nucleus(0.6, top_p)
-    picked = torch.cat([nucleus(None, logits.repeat(2000, 1)).argmax(-1).view(2000, 2) for _ in range(20)])
+    picked = torch.cat([nucleus.draw(logits.repeat(2000, 1)).view(2000, 2) for _ in range(20)])
     for row in range(2):
         support = set(exact[row].nonzero().flatten().tolist())
         if top_p < 1:
@@ -154,7 +154,7 @@ def test_nucleus_draws_what_transformers_warpers_draw(vocab, top_p):
 
 
 def test_nucleus_refuses_what_transformers_refuses():
-    from r1kit.sampling.hf_backend import Nucleus
+    from r1kit.sampling.decode import Nucleus
 
     for temperature, top_p in ((0.6, 0.0), (0.6, 1.5), (0.0, 0.95)):
         with pytest.raises(ValueError, match="top_p"):

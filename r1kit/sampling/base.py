@@ -38,7 +38,7 @@ class EngineConfig:
     """Which sampling engine a stage starts, and with what."""
 
     backend: Backend = "auto"
-    """Sampling backend: auto takes vLLM when it is installed, else transformers."""
+    """Sampling backend: auto takes vLLM on a CUDA GPU when it is installed, else transformers."""
     backend_options: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the backend: vllm.LLM's (gpu_memory_utilization, tensor_parallel_size, ...) or batch_size."""
 

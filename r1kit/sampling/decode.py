@@ -1,0 +1,224 @@
+"""r1kit's decoding loop: n samples of each prompt from one prefill, for the transformers
+sampling backend and for GRPO rollouts on a CPU.
+
+    rows = decode(model, [[1, 2, 3], [4, 5]], counts=[4, 4], max_tokens=64,
+                  draw=Nucleus(0.6, 0.95).draw, eos_ids={0}, pad_id=0)
+    # -> 8 lists of new token ids, prompt 0's four samples first; each ends at its first eos id
+
+What it does that ``model.generate`` does not, and why it is faster on a CPU (each measured on
+SmolLM2-135M, see bench/sampling.py):
+- each prompt is prefilled once and its keys and values copied to its n samples (``generate``
+  prefills every copy: with R1's 8-16 samples a prompt, most of the prefill work), and the
+  prefill computes logits at the last position only;
+- keys and values are written in place into buffers that grow by blocks of positions
+  (``generate``'s cache concatenates every layer's keys and values at every step: a fresh
+  allocation and a copy of the whole cache, which on a CPU cost more than the step's matmuls);
+- one new token a row attends as two batched matmuls per layer, each group of query heads
+  against its own key-value head (SDPA's CPU kernels copy keys and values once per query head
+  under grouped-query attention with a padding mask, and are slow with one query a row);
+- rows whose sample has ended leave the batch (once a quarter of it has ended);
+- `Nucleus` draws temperature / top-p samples from the few most likely tokens instead of
+  sorting the whole vocabulary at every step.
+
+The model's own forward pass does the work: any decoder-only transformers model whose attention
+goes through transformers' attention interface and cache layers (Llama, Qwen2, Mistral, ...).
+Greedy output equals ``model.generate``'s in float32 (a test checks it). Not here: beam search,
+repetition penalties, top-k / min-p, stop strings, or multimodal inputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import torch
+from transformers import AttentionInterface
+from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+BLOCK = 64  # positions a cache buffer grows by: one copy of the cache per BLOCK decoding steps
+
+
+class GrowingLayer(DynamicLayer):
+    """A cache layer whose keys and values are views of zero-filled buffers with room ahead, so
+    that each update writes the new positions in place. Keys are stored transposed
+    ([B, H, D, capacity]): the views handed to attention are [B, H, L, D] as usual, and
+    `decode_attention` reads the transposed buffer as a plain matrix."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        used = self.get_seq_length()
+        end = used + key_states.shape[-2]
+        if self.buffers is None or end > self.buffers[1].shape[-2]:
+            self.regrow(key_states, end + BLOCK)
+        keys_t, values = self.buffers
+        keys_t[..., used:end] = key_states.transpose(-1, -2)
+        values[:, :, used:end] = value_states
+        self.keys, self.values = keys_t[..., :end].transpose(-1, -2), values[:, :, :end]
+        return self.keys, self.values
+
+    def regrow(self, like: torch.Tensor, capacity: int, rows: torch.Tensor | None = None) -> None:
+        """New buffers of `capacity` positions holding the cached ones (of batch rows `rows` only,
+        in that order, when given)."""
+        used = self.get_seq_length()
+        keys, values = (self.keys, self.values) if rows is None or used == 0 else (self.keys[rows], self.values[rows])
+        batch, heads, dim = (like.shape[0] if used == 0 else keys.shape[0]), like.shape[1], like.shape[-1]
+        self.buffers = (like.new_zeros(batch, heads, dim, capacity), like.new_zeros(batch, heads, capacity, dim))
+        if used:
+            self.buffers[0][..., :used] = keys.transpose(-1, -2)
+            self.buffers[1][:, :, :used] = values
+        self.keys, self.values = self.buffers[0][..., :used].transpose(-1, -2), self.buffers[1][:, :, :used]
+
+
+def decode_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Attention for one new token a row; several a row (a prefill, a training step) go to SDPA.
+
+    Keys and values that are views of a `GrowingLayer`'s buffers are read over the buffers' whole
+    capacity, the positions past the cached ones masked out: a slice of a buffer is no plain
+    matrix, and the matmuls would copy it at every step."""
+    if query.shape[2] != 1 or dropout:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    batch, heads, _, dim = query.shape
+    groups, length = key.shape[1], key.shape[2]
+    keys_t = key.transpose(-1, -2)  # [B, KV heads, D, L]
+    capacity = keys_t.stride(-2) if keys_t.stride(-1) == 1 and value.stride(-2) == dim else length
+    if capacity > length:  # the zero-filled buffers behind the views
+        keys_t = keys_t.as_strided((batch, groups, dim, capacity), keys_t.stride())
+        value = value.as_strided((batch, groups, capacity, dim), value.stride())
+    scores = torch.matmul(query.view(batch, groups, heads // groups, dim), keys_t)  # [B, KV heads, group, capacity]
+    scores = scores * (dim**-0.5 if scaling is None else scaling)
+    if attention_mask is not None:  # [B, 1, 1, L]: True where a row may attend, or additive
+        if attention_mask.dtype == torch.bool:
+            scores[..., :length].masked_fill_(~attention_mask, float("-inf"))
+        else:
+            scores[..., :length] += attention_mask
+    scores[..., length:] = float("-inf")
+    probs = scores.softmax(dim=-1, dtype=torch.float32).to(value.dtype)
+    return torch.matmul(probs, value).view(batch, 1, heads, dim), None  # heads in repeat_kv's order
+
+
+AttentionInterface.register("r1kit_decode", decode_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register("r1kit_decode", sdpa_mask)
+
+
+@contextlib.contextmanager
+def decoding_attention(model):
+    """`decode_attention` in `model` while decoding, where it uses SDPA (as transformers' models do
+    by default); eager or flash attention is left as it is."""
+    configs = [m.config for m in model.modules() if getattr(m, "config", None) is not None]
+    configs = [c for c in {id(c): c for c in configs}.values() if c._attn_implementation == "sdpa"]
+    for config in configs:
+        config._attn_implementation = "r1kit_decode"
+    try:
+        yield
+    finally:
+        for config in configs:
+            config._attn_implementation = "sdpa"
+
+
+def select_rows(cache: DynamicCache, rows: torch.Tensor, headroom: int) -> None:
+    """Keep (or repeat) the cache's batch rows `rows`, with room for `headroom` more positions."""
+    for layer in cache.layers:
+        layer.regrow(layer.keys, layer.get_seq_length() + headroom, rows)
+
+
+@torch.no_grad()
+def decode(
+    model,
+    prompts: list[list[int]],
+    counts: list[int],
+    max_tokens: int,
+    draw: Callable[[torch.Tensor], torch.Tensor],
+    eos_ids: set[int],
+    pad_id: int,
+) -> list[list[int]]:
+    """New token ids of `counts[i]` samples of each prompt `prompts[i]` (token ids), at most
+    `max_tokens` each, ending with the first of `eos_ids` if one comes. `draw` maps the logits
+    of a batch's last positions [B, V] to each row's next token [B]."""
+    device = model.device
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache()
+    cache.layers = [GrowingLayer() for _ in range(model.config.get_text_config(decoder=True).num_hidden_layers)]
+    with decoding_attention(model):
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, logits_to_keep=1)
+        # Each prompt's row once per sample: cache, mask, positions and logits.
+        rows = torch.repeat_interleave(torch.arange(len(prompts), device=device), torch.tensor(counts, device=device))
+        select_rows(cache, rows, min(BLOCK, max_tokens))
+        logits, positions = out.logits[rows, -1], positions[rows, -1:]
+        mask = torch.cat([mask[rows], mask.new_ones(len(rows), max_tokens)], dim=1)  # a slice of it per step
+        eos = torch.tensor(sorted(eos_ids), device=device)
+
+        live = torch.arange(len(rows), device=device)  # the sample of each batch row
+        ended = torch.zeros(len(rows), dtype=torch.bool, device=device)
+        samples: list[list[int]] = [[] for _ in range(len(rows))]
+        for step in range(max_tokens):
+            tokens = draw(logits)
+            for sample, token, done in zip(live.tolist(), tokens.tolist(), ended.tolist()):
+                if not done:
+                    samples[sample].append(token)
+            ended |= torch.isin(tokens, eos)
+            finished = int(ended.sum())
+            if step == max_tokens - 1 or finished == len(live):
+                break
+            if finished * 4 >= len(live):  # drop the ended rows: a copy of the cache, so not at every end
+                keep = (~ended).nonzero().squeeze(1)
+                live, tokens, mask, positions, ended = live[keep], tokens[keep], mask[keep], positions[keep], ended[keep]
+                select_rows(cache, keep, BLOCK)
+            positions = positions + 1
+            logits = model(
+                input_ids=tokens[:, None], attention_mask=mask[:, : width + step + 1], position_ids=positions, past_key_values=cache
+            ).logits[:, -1]
+    return samples
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    return logits.argmax(dim=-1)
+
+
+class Nucleus:
+    """Temperature and top-p (nucleus) sampling: `draw` picks each row's next token.
+
+    The distribution is that of transformers' temperature and top-p warpers followed by
+    multinomial sampling: the smallest set of most likely tokens whose probability reaches
+    `top_p`, renormalised (no top-k, as in vLLM). transformers sorts the whole vocabulary and
+    draws from all of it at every step, which on a CPU costs more than the model's own matmuls
+    for a 135M-parameter model; here the k most likely tokens hold the nucleus as soon as their
+    probability reaches `top_p` (k starts at 64 and doubles until it does, up to a sixteenth of
+    the vocabulary, past which it is ranked whole, as a vocabulary of up to 4,096 tokens always
+    is), and only they are drawn from. The same up to rounding at the nucleus's edge and the order
+    of tied tokens. Draws come from torch's global generator. Other sampling settings of the
+    model's generation_config.json (min_p, typical_p, ...) are not applied, as in vLLM.
+    """
+
+    WHOLE = 4096  # a vocabulary up to this size is ranked whole: cheaper than a second topk
+
+    def __init__(self, temperature: float, top_p: float, k: int = 64):
+        if not temperature > 0 or not 0 < top_p <= 1:
+            raise ValueError(f"sampling needs temperature > 0 and 0 < top_p <= 1; got {temperature}, {top_p}")
+        self.temperature, self.top_p, self.k = temperature, top_p, k
+
+    def draw(self, logits: torch.Tensor) -> torch.Tensor:
+        logits = logits.float() / self.temperature
+        vocab = logits.size(-1)
+        if self.top_p >= 1.0:
+            return torch.multinomial(logits.softmax(dim=-1), 1).squeeze(1)
+        log_total = logits.logsumexp(dim=-1, keepdim=True)
+        k = self.k if vocab > self.WHOLE else vocab
+        while True:
+            top, index = logits.topk(k, dim=-1)  # sorted, most likely first
+            probs = (top - log_total).exp()
+            mass = probs.cumsum(dim=-1)
+            if k == vocab or bool((mass[:, -1] >= self.top_p).all()):
+                break
+            k = 2 * k if 2 * k <= vocab // 16 else vocab
+        keep = (mass - probs) < self.top_p  # the tokens before this one fall short of top_p
+        return index.gather(-1, torch.multinomial(probs * keep, 1)).squeeze(1)

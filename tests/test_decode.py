@@ -1,0 +1,94 @@
+"""r1kit's decoding loop against transformers' own: greedy tokens equal to ``model.generate``'s over
+prompts of different lengths, several samples a prompt, samples that end early and leave the
+batch, and caches that outgrow their first buffers; its attention equal to SDPA's; the sampler's
+chunks of prompts and samples."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from r1kit.sampling import decode as decode_lib
+from r1kit.sampling.decode import Nucleus, decode, decode_attention, greedy
+from r1kit.sampling.hf_backend import chunks
+
+PROMPTS = ["What is 3 + 4?", "Compute 12 * 3 and then add 7 to it, carefully.", "Hi", "What is 0 + 9? Think first."]
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer(cold_start):
+    """The tiny model after a short SFT: its greedy completions are worked answers."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(cold_start, padding_side="left")
+    return AutoModelForCausalLM.from_pretrained(cold_start, dtype=torch.float32).eval(), tokenizer
+
+
+def generate_greedy(model, tokenizer, prompts, max_tokens, eos_id):
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    out = model.generate(**enc, max_new_tokens=max_tokens, do_sample=False, eos_token_id=eos_id, pad_token_id=tokenizer.pad_token_id)
+    rows = []
+    for row in out[:, enc["input_ids"].shape[1] :].tolist():
+        rows.append(row[: row.index(eos_id) + 1] if eos_id in row else row)
+    return rows
+
+
+@pytest.mark.parametrize("max_tokens", [1, 5, 150])  # 150 outgrows the first buffers (BLOCK 64) twice
+def test_greedy_tokens_equal_generate(model_and_tokenizer, max_tokens):
+    model, tokenizer = model_and_tokenizer
+    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    assert len({len(i) for i in ids}) == len(ids)  # left padding of every width
+    expected = generate_greedy(model, tokenizer, PROMPTS, max_tokens, tokenizer.pad_token_id)
+    got = decode(model, ids, [2, 1, 3, 1], max_tokens, greedy, {tokenizer.pad_token_id}, tokenizer.pad_token_id)
+    assert got == [expected[0]] * 2 + [expected[1]] + [expected[2]] * 3 + [expected[3]]
+
+
+def test_samples_that_end_leave_the_batch_and_the_others_go_on(model_and_tokenizer, monkeypatch):
+    """With an end token that some prompts reach early, the batch shrinks, and every sample is
+    still generate's: the ones that ended stop at their end token, the others run on."""
+    model, tokenizer = model_and_tokenizer
+    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    free = generate_greedy(model, tokenizer, PROMPTS, 40, eos_id=-1)
+    eos = free[0][3]  # prompt 0's fourth token: it ends there; the others end wherever they meet it, if they do
+    expected = generate_greedy(model, tokenizer, PROMPTS, 40, eos)
+    assert len(expected[0]) == 4 and max(len(r) for r in expected) == 40
+    widths = []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, **kw: widths.append(kw["input_ids"].shape[0]) or forward(*a, **kw))
+    got = decode(model, ids, [4, 4, 4, 4], 40, greedy, {eos}, tokenizer.pad_token_id)
+    assert got == [row for row in expected for _ in range(4)]
+    assert widths[0] == 4  # one prefill row a prompt
+    assert widths[1:] == sorted(widths[1:], reverse=True) and widths[1] <= 16 and widths[-1] < widths[1]  # ended rows left
+
+
+def test_decode_attention_equals_sdpa_on_buffer_views():
+    """One query a row against keys and values that are views of a growing buffer (zero past the
+    written positions), with grouped-query attention and a padding mask, as SDPA computes it."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    torch.manual_seed(0)
+    layer = decode_lib.GrowingLayer()
+    layer.update(torch.randn(3, 2, 7, 16), torch.randn(3, 2, 7, 16))
+    key, value = layer.update(torch.randn(3, 2, 1, 16), torch.randn(3, 2, 1, 16))
+    assert key.shape == (3, 2, 8, 16) and layer.buffers[1].shape[-2] > 8
+    query = torch.randn(3, 6, 1, 16)
+    mask = torch.ones(3, 1, 1, 8, dtype=torch.bool)
+    mask[1, ..., :3] = False
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 3, True
+    ours, _ = decode_attention(module, query, key, value, mask, scaling=0.25)
+    theirs, _ = sdpa_attention_forward(module, query, key.contiguous(), value.contiguous(), mask, scaling=0.25)
+    torch.testing.assert_close(ours, theirs)
+
+
+def test_chunks_hold_at_most_batch_size_samples_in_order():
+    assert list(chunks(3, 4, 8)) == [(0, [(0, 4), (1, 4)]), (8, [(2, 4)])]
+    assert list(chunks(2, 5, 4)) == [(0, [(0, 4)]), (4, [(0, 1), (1, 3)]), (8, [(1, 2)])]
+    assert list(chunks(1, 1, 64)) == [(0, [(0, 1)])]
+
+
+def test_nucleus_draws_one_token_a_row():
+    torch.manual_seed(0)
+    logits = torch.randn(5, 300)
+    tokens = Nucleus(0.6, 0.9).draw(logits)
+    assert tokens.shape == (5,) and tokens.dtype == torch.long
