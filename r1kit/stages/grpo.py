@@ -39,6 +39,7 @@ Not here: the reward functions themselves (rewards/), or any loss of r1kit's own
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from dataclasses import dataclass, field
@@ -123,7 +124,8 @@ def run(ctx: StageContext) -> StageResult:
         if args.bf16:
             autocast_rollouts(trainer)
     sizes = lora.parameters(trainer.model)
-    out = train_and_save(trainer, ctx)
+    with completion_positions_only() if trainer.accelerator.device.type == "cpu" else contextlib.nullcontext():
+        out = train_and_save(trainer, ctx)
     return StageResult(model=out, metrics=sizes | summarize(read_metrics(metrics_path), rewards) | clock.totals())
 
 
@@ -178,6 +180,26 @@ def decode_rollouts(trainer) -> bool:
 
     trainer._generate_single_turn = generate
     return True
+
+
+@contextlib.contextmanager
+def completion_positions_only():
+    """TRL's fused LM head projects only the completion positions on a CPU too.
+
+    TRL computes log-probabilities through a fused head (``trl.trainer.utils.add_fused_lm_head``)
+    that projects, in [tokens, vocabulary] tiles, only the positions with a label where Triton
+    runs; elsewhere it projects every position, prompt included, and masks the prompt's away,
+    so that tile shapes stay fixed for compilers such as Neuron's. A CPU compiles nothing, and
+    there the prompt's share of the head's work (forward and backward, in float32 tiles) was
+    most of the training step on SmolLM2 (bench/grpo_step.py). Inside this context the compact
+    path is taken on the CPU; log-probabilities and gradients are the same (a test checks)."""
+    from unittest import mock
+
+    import trl.trainer.utils as trl_utils
+
+    use_triton = trl_utils._use_triton
+    with mock.patch.object(trl_utils, "_use_triton", lambda device: device.type == "cpu" or use_triton(device)):
+        yield
 
 
 def autocast_rollouts(trainer) -> None:
