@@ -110,7 +110,7 @@ class WithGenerate:
         from r1kit.sampling.base import Completion
 
         s, out = self.sampler, []
-        eos_ids = {s.tokenizer.eos_token_id} | set(s.model.generation_config.eos_token_id if isinstance(s.model.generation_config.eos_token_id, list) else [s.model.generation_config.eos_token_id])
+        eos_ids = s.eos_ids
         nucleus = hf_backend.Nucleus(params.temperature, params.top_p)
 
         def processor(input_ids, scores):

@@ -27,13 +27,15 @@ class HFSampler:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         self.model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(device).eval()
         self.batch_size = batch_size
+        eos = self.model.generation_config.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
+        """The tokens that end a sample: the generation config's and the tokenizer's."""
 
     def generate(self, prompts: list[str], n: int, params: SamplingParams) -> list[list[str]]:
         return [[c.text for c in row] for row in self.generate_full(prompts, n, params)]
 
     def generate_full(self, prompts: list[str], n: int, params: SamplingParams) -> list[list[Completion]]:
-        eos = self.model.generation_config.eos_token_id
-        eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
+        eos_ids = self.eos_ids
         draw = Nucleus(params.temperature, params.top_p).draw if params.temperature > 0 else greedy
         ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
         out: list[Completion] = []
