@@ -13,9 +13,13 @@ steps each:
   CPU, bfloat16 autocast around each forward pass, generation included), gradient checkpointing,
   no reference model, the DAPO token-level loss;
 - **r1kit**: a one-stage recipe run by r1kit's pipeline, with its CPU and paper defaults
-  (bfloat16 autocast where r1kit.precision picks it, rollouts generated inside one autocast
-  region, else float32; no gradient checkpointing; ``beta: 0.001`` with a reference model; the
-  sequence-level GRPO loss), plus --r1kit-trainer fields.
+  (bfloat16 autocast where r1kit.precision picks it, rollouts from r1kit's decoding loop inside
+  one autocast region, else float32; TRL's log-probabilities through r1kit.cpu's whole-vocabulary
+  products; the allocator keeping freed memory; no gradient checkpointing; ``beta: 0.001`` with
+  a reference model; the sequence-level GRPO loss), plus --r1kit-trainer fields.
+
+Bare TRL runs first: the allocator setting r1kit's pipeline makes is process-wide and would
+otherwise speed up the bare side too.
 
 Each step is split into phases by timing TRL's own methods: generation (``_generate``), rewards
 (``_calculate_rewards``), the rest of scoring (reference and old log-probabilities, advantages),

@@ -19,6 +19,9 @@ also runs with transformers' own sampling step in place of r1kit's `Nucleus` (it
 top-p warpers, which sort the whole vocabulary, then a draw over all of it), for the ratio; with
 --generate, with ``model.generate`` in place of r1kit's decoding loop (r1kit.sampling.decode).
 
+On a CPU every backend runs with r1kit's allocator setting (`r1kit.cpu.keep_freed_memory`, as
+`r1kit run` and `r1kit eval` set it), which --system-allocator leaves out.
+
 Not measured: start-up cost beyond the printed load time, GPU throughput, memory.
 """
 
@@ -29,9 +32,10 @@ import tempfile
 import time
 from unittest import mock
 
-from r1kit import templates
+from r1kit import cpu, templates
 from r1kit.sampling import SamplingParams, hf_backend, load_sampler, vllm_available
 from r1kit.tasks import addition
+from r1kit.training import has_gpu
 
 
 def matmul_gflops(dtype: str, size: int = 2048, seconds: float = 1.0, repeats: int = 3) -> float:
@@ -139,7 +143,10 @@ def main() -> None:
     p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated precisions of the weights")
     p.add_argument("--warpers", action="store_true", help="also time transformers' own sampling step")
     p.add_argument("--generate", action="store_true", help="also time model.generate in place of r1kit's decoding loop")
+    p.add_argument("--system-allocator", action="store_true", help="leave the C allocator as it is (r1kit's commands keep freed memory on a CPU)")
     args = p.parse_args()
+    if not args.system_allocator and not has_gpu():
+        cpu.keep_freed_memory()
 
     model = args.model
     if model is None:
@@ -152,7 +159,8 @@ def main() -> None:
     backends += ["vllm"] if vllm_available() else []
     dtypes = args.dtypes.split(",")
     per_token = flops_per_token(model)
-    print(f"model {model}: {args.prompts} prompts x {args.samples} samples, max_tokens {args.max_tokens}, {per_token / 1e9:.3f} GFLOP a token")
+    print(f"model {model}: {args.prompts} prompts x {args.samples} samples, max_tokens {args.max_tokens}, {per_token / 1e9:.3f} GFLOP a token, "
+          f"{'the system allocator' if args.system_allocator else 'freed memory kept'}")
     limits = {}
     for dtype in dtypes:
         gflops = matmul_gflops(dtype)

@@ -305,39 +305,3 @@ def test_trainer_config_checks_run_at_validate_time(write_recipe, tiny_model, ca
     assert "rl.trainer: generation_batch_size (6) must be divisible by num_generations (4)" in err
     assert err.count("\n") == 1 and not (tmp_path / "run").exists()
     assert main(["run", str(path)]) == 2 and not (tmp_path / "run").exists()  # run refuses before any stage
-
-
-def test_fused_head_scores_completion_positions_alone_with_the_same_log_probs(tiny_model, monkeypatch):
-    """On a CPU TRL's fused LM head projects every position, prompt included; inside r1kit's
-    context only the completion's, with the same log-probabilities, entropies and gradients."""
-    import trl.trainer.utils as trl_utils
-    from transformers import AutoModelForCausalLM
-    from trl.trainer.utils import add_fused_lm_head
-
-    from r1kit.stages.grpo import completion_positions_only
-
-    projected = []
-    apply = trl_utils._ChunkedLogProbFunction.apply
-    monkeypatch.setattr(trl_utils._ChunkedLogProbFunction, "apply", lambda hidden, *a: projected.append(hidden.shape[0]) or apply(hidden, *a))
-    model = AutoModelForCausalLM.from_pretrained(tiny_model)
-    add_fused_lm_head(model, temperature=0.7, outputs=("log_probs", "entropy"))
-    torch.manual_seed(0)
-    ids = torch.randint(5, model.config.vocab_size, (3, 20))
-    labels = ids.clone()
-    labels[:, :12] = -100  # the prompt
-    labels[2, 17:] = -100  # a completion that ended early
-
-    def score():
-        model.zero_grad()
-        out = model(input_ids=ids, labels=labels, fused_lm_head=True)
-        out.loss.backward()
-        return out, {n: p.grad.clone() for n, p in model.named_parameters()}
-
-    full, full_grads = score()
-    with completion_positions_only():
-        compact, compact_grads = score()
-    assert projected == [3 * 19, int((labels[:, 1:] != -100).sum())]  # every position, then the labelled ones
-    torch.testing.assert_close(compact.log_probs, full.log_probs)
-    torch.testing.assert_close(compact.entropy[compact.label_mask], full.entropy[full.label_mask])
-    for name, grad in full_grads.items():
-        torch.testing.assert_close(compact_grads[name], grad, msg=name)

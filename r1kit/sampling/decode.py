@@ -194,8 +194,9 @@ class Nucleus:
     for a 135M-parameter model; here the k most likely tokens hold the nucleus as soon as their
     probability reaches `top_p` (k starts at 64 and doubles until it does, up to a sixteenth of
     the vocabulary, past which it is ranked whole, as a vocabulary of up to 4,096 tokens always
-    is), and only they are drawn from. The same up to rounding at the nucleus's edge and the order
-    of tied tokens. Draws come from torch's global generator. Other sampling settings of the
+    is), and only they are drawn from; with top_p 1 each row is drawn from the whole vocabulary
+    by `categorical`. The same up to rounding at the nucleus's edge and the order of tied tokens.
+    Draws come from torch's global generator. Other sampling settings of the
     model's generation_config.json (min_p, typical_p, ...) are not applied, as in vLLM.
     """
 
@@ -210,7 +211,7 @@ class Nucleus:
         logits = logits.float() / self.temperature
         vocab = logits.size(-1)
         if self.top_p >= 1.0:
-            return torch.multinomial(logits.softmax(dim=-1), 1).squeeze(1)
+            return categorical(logits)
         log_total = logits.logsumexp(dim=-1, keepdim=True)
         k = self.k if vocab > self.WHOLE else vocab
         while True:
@@ -222,3 +223,26 @@ class Nucleus:
             k = 2 * k if 2 * k <= vocab // 16 else vocab
         keep = (mass - probs) < self.top_p  # the tokens before this one fall short of top_p
         return index.gather(-1, torch.multinomial(probs * keep, 1)).squeeze(1)
+
+
+def categorical(logits: torch.Tensor, block: int = 256) -> torch.Tensor:
+    """One token per row, drawn from softmax(`logits`) by inverting its cumulative distribution.
+
+    torch.multinomial draws an exponential variate per vocabulary entry (or, with replacement,
+    accumulates each row in float64): 19 ms for 16 rows of SmolLM2's 49,152 logits on 2 cores, a
+    fifth of a decoding step. Here a row takes one uniform variate: it picks a block of `block`
+    tokens by a float64 running sum of the blocks' masses, then a token by a float32 running sum
+    inside the block, so no rounding grows with the vocabulary."""
+    rows, vocab = logits.shape
+    weights = (logits - logits.amax(-1, keepdim=True)).exp_()
+    if vocab % block:
+        weights = torch.nn.functional.pad(weights, (0, block - vocab % block))
+    weights = weights.view(rows, -1, block)
+    masses = weights.sum(-1).double()
+    ends = masses.cumsum(-1)
+    target = torch.rand(rows, 1, dtype=torch.float64) * ends[:, -1:]
+    which = torch.searchsorted(ends, target, right=True).clamp_(max=ends.size(1) - 1)
+    share = (target - (ends.gather(1, which) - masses.gather(1, which))) / masses.gather(1, which)
+    inside = weights[torch.arange(rows), which[:, 0]].cumsum(-1)
+    token = torch.searchsorted(inside, share.float() * inside[:, -1:], right=True).clamp_(max=block - 1)
+    return (which * block + token).squeeze(1)

@@ -31,7 +31,8 @@ Defaults follow the DeepSeek-R1 paper rather than TRL: ``loss_type: grpo`` and `
 ``loss_type`` / ``beta`` / ``epsilon_high`` / ``scale_rewards`` and ``dynamic_sampling`` (see the
 variant recipes). On a GPU, ``use_vllm: true`` generates with vLLM (colocated, or ``vllm_mode:
 server``); without it TRL generates with transformers, and on a CPU r1kit's decoding loop
-(r1kit.sampling.decode) generates in its place, from the same distribution (`decode_rollouts`). With ``peft:`` the stage trains a LoRA
+(r1kit.sampling.decode) generates in its place, from the same distribution (`decode_rollouts`), and TRL's
+log-probabilities go through r1kit.cpu's whole-vocabulary products. With ``peft:`` the stage trains a LoRA
 adapter (TRL syncs the merged weights into vLLM) and hands on the merged model (r1kit.lora).
 
 Not here: the reward functions themselves (rewards/), or any loss of r1kit's own: TRL computes it.
@@ -94,6 +95,7 @@ def run(ctx: StageContext) -> StageResult:
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
+    from r1kit import cpu
     from r1kit.dynamic_sampling import DynamicSamplingGRPOTrainer
 
     stage = ctx.stage
@@ -124,7 +126,7 @@ def run(ctx: StageContext) -> StageResult:
         if args.bf16:
             autocast_rollouts(trainer)
     sizes = lora.parameters(trainer.model)
-    with completion_positions_only() if trainer.accelerator.device.type == "cpu" else contextlib.nullcontext():
+    with cpu.log_probs_on_cpu() if trainer.accelerator.device.type == "cpu" else contextlib.nullcontext():
         out = train_and_save(trainer, ctx)
     return StageResult(model=out, metrics=sizes | summarize(read_metrics(metrics_path), rewards) | clock.totals())
 
@@ -180,26 +182,6 @@ def decode_rollouts(trainer) -> bool:
 
     trainer._generate_single_turn = generate
     return True
-
-
-@contextlib.contextmanager
-def completion_positions_only():
-    """TRL's fused LM head projects only the completion positions on a CPU too.
-
-    TRL computes log-probabilities through a fused head (``trl.trainer.utils.add_fused_lm_head``)
-    that projects, in [tokens, vocabulary] tiles, only the positions with a label where Triton
-    runs; elsewhere it projects every position, prompt included, and masks the prompt's away,
-    so that tile shapes stay fixed for compilers such as Neuron's. A CPU compiles nothing, and
-    there the prompt's share of the head's work (forward and backward, in float32 tiles) was
-    most of the training step on SmolLM2 (bench/grpo_step.py). Inside this context the compact
-    path is taken on the CPU; log-probabilities and gradients are the same (a test checks)."""
-    from unittest import mock
-
-    import trl.trainer.utils as trl_utils
-
-    use_triton = trl_utils._use_triton
-    with mock.patch.object(trl_utils, "_use_triton", lambda device: device.type == "cpu" or use_triton(device)):
-        yield
 
 
 def autocast_rollouts(trainer) -> None:

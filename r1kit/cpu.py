@@ -1,0 +1,180 @@
+"""What r1kit changes to train and sample fast on a CPU, where TRL and torch are tuned for GPUs.
+
+- `keep_freed_memory`: the C allocator keeps memory it has been handed back, instead of returning
+  it to the system. glibc serves every allocation above 32 MiB with a fresh `mmap` and unmaps it
+  on free, so each large temporary tensor (a [tokens, vocabulary] tile of logits is 50-200 MiB)
+  page-faults its way in again: on 2 cores an elementwise product over such a tensor took 21 ms
+  that way and 4.5 ms in reused memory, and a GRPO step of SmolLM2-135M spent a third of its
+  forward and backward there.
+- `log_probs_on_cpu`: TRL's fused LM head (``trl.trainer.utils.add_fused_lm_head``) computes each
+  completion token's log-probability and entropy without building the logits, in vocabulary tiles
+  folded by a Triton kernel. Without Triton it folds them with a dozen float32 passes over each
+  tile, casts the tiles back to float32 for its gradient products, and projects every position,
+  prompt included. Inside this context it projects completion positions only, through
+  `WholeVocabLogProbs`: one bfloat16 (or float32) product over the whole vocabulary for a block
+  of tokens, a log-softmax, and the gradient from the same.
+
+Not here: what is chosen in bfloat16 (r1kit.precision), r1kit's decoding loop
+(r1kit.sampling.decode), anything on a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# mallopt(3) parameters
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+INT_MAX = 2**31 - 1  # mallopt takes a C int
+# Tokens per block of logits: [512, 49152] in float32 is 96 MiB, and a block holds three such.
+BLOCK_ROWS = 512
+_kept = False
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc's allocator serve large allocations from its heap and keep freed memory there,
+    so that tensors allocated again and again reuse pages already mapped. Process-wide; says
+    whether it took effect (not on a C library other than glibc). The resident size stays near
+    the run's peak instead of falling between steps."""
+    global _kept
+    if _kept:
+        return True
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    # No mmap for large blocks (they come from the heap and are reused), and no trimming of the heap's top.
+    _kept = bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, INT_MAX))
+    if _kept:
+        log.info("CPU run: the allocator keeps freed memory for reuse (no mmap per large tensor)")
+    return _kept
+
+
+@contextlib.contextmanager
+def log_probs_on_cpu():
+    """Inside: TRL's fused LM head scores completion positions only, with `WholeVocabLogProbs`,
+    on CPU tensors (other devices keep TRL's kernels). Same outputs and gradients as TRL's own
+    CPU path up to rounding (a test compares them)."""
+    from unittest import mock
+
+    import trl.trainer.utils as trl_utils
+
+    use_triton, chunked = trl_utils._use_triton, trl_utils._ChunkedLogProbFunction
+
+    class Dispatch:
+        @staticmethod
+        def apply(hidden, *args):
+            return (WholeVocabLogProbs if hidden.device.type == "cpu" else chunked).apply(hidden, *args)
+
+    with (
+        mock.patch.object(trl_utils, "_use_triton", lambda device: device.type == "cpu" or use_triton(device)),
+        mock.patch.object(trl_utils, "_ChunkedLogProbFunction", Dispatch),
+    ):
+        yield
+
+
+def _logits(hidden, weight, bias, scale: float, softcap: float | None, inv_t: float):
+    """float32 logits of a block of tokens after TRL's transforms, and tanh(y / softcap) for the gradient."""
+    z = torch.nn.functional.linear(hidden, weight, bias).float()
+    if scale != 1.0:
+        z.mul_(scale)
+    t = None
+    if softcap is not None:
+        t = torch.tanh(z / softcap)
+        z = t * softcap
+    return z.mul_(inv_t), t
+
+
+class WholeVocabLogProbs(torch.autograd.Function):
+    """`trl.kernels.ChunkedLogProbFunction`'s signature and outputs, computed a block of tokens
+    at a time with one product over the whole vocabulary.
+
+    Products run in the autocast dtype (else the inputs'), with float32 accumulation inside the
+    matrix product and one rounding of each result; softmax statistics are float32. The backward
+    recomputes each block's logits. Outputs: log-probabilities, and entropy, log(sum p^2), the mean
+    logit and whether the target is the (first) argmax when `outputs` names them."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, softcap=None, logit_scale=1.0, outputs=()):
+        ctx.set_materialize_grads(False)
+        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else hidden.dtype
+        w = weight.to(dtype)
+        b = None if bias is None else bias.to(dtype)
+        args = (logit_scale, softcap, 1 / temperature)
+        n, vocab = hidden.shape[0], weight.shape[0]
+        names = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
+        parts: dict[str, list] = {k: [] for k in (*names, "log_z")}
+        with torch.no_grad():
+            for start in range(0, n, BLOCK_ROWS):
+                z, _ = _logits(hidden[start : start + BLOCK_ROWS].to(dtype), w, b, *args)
+                target = targets[start : start + BLOCK_ROWS].unsqueeze(-1)
+                top = z.amax(-1, keepdim=True)
+                if "is_top1" in outputs:
+                    parts["is_top1"].append(z.argmax(-1) == target[:, 0])
+                if "mean_logits" in outputs:
+                    parts["mean_logits"].append(z.mean(-1))
+                z.sub_(top)
+                e = torch.exp(z)
+                sum_e = e.sum(-1)
+                log_sum = sum_e.log()
+                parts["log_z"].append(top[:, 0] + log_sum)
+                parts["log_probs"].append(z.gather(-1, target)[:, 0] - log_sum)
+                if "log_sum_sq_probs" in outputs:
+                    parts["log_sum_sq_probs"].append(torch.linalg.vector_norm(e, dim=-1).square().log() - 2 * log_sum)
+                if "entropy" in outputs:
+                    parts["entropy"].append(log_sum - e.mul_(z).sum(-1) / sum_e)
+        result = {k: torch.cat(v) if v else None for k, v in parts.items()}
+        log_z, entropy = result["log_z"], result["entropy"]
+        ctx.save_for_backward(hidden, w, b, targets, log_z, log_z if entropy is None else entropy)
+        ctx.dtypes, ctx.args = (dtype, hidden.dtype, weight.dtype, None if bias is None else bias.dtype), args
+        ctx.mark_non_differentiable(*(result[k] for k in ("log_sum_sq_probs", "mean_logits", "is_top1") if result[k] is not None))
+        return tuple(result[k] for k in names)
+
+    @staticmethod
+    def backward(ctx, grad_log_probs, grad_entropy, *_):
+        hidden, w, b, targets, log_z, entropy = ctx.saved_tensors
+        dtype, hidden_dtype, weight_dtype, bias_dtype = ctx.dtypes
+        needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+        scale, softcap, inv_t = ctx.args
+        grad_hidden = torch.empty(hidden.shape, dtype=dtype) if needs_hidden else None
+        grad_weight = grad_bias = None
+        for start in range(0, hidden.shape[0], BLOCK_ROWS):
+            end = start + BLOCK_ROWS
+            h = hidden[start:end].to(dtype)
+            z, t = _logits(h, w, b, *ctx.args)
+            log_p = z.sub_(log_z[start:end, None])
+            p = torch.exp(log_p)
+            if grad_log_probs is not None:  # d log p_target / dz_j = 1[j = target] - p_j
+                g = grad_log_probs[start:end, None].float()
+                grad = (p * -g).scatter_add_(-1, targets[start:end, None], g)
+            else:
+                grad = torch.zeros_like(p)
+            if grad_entropy is not None:  # d entropy / dz_j = -p_j (log p_j + entropy)
+                grad.sub_(p.mul_(log_p.add_(entropy[start:end, None])).mul_(grad_entropy[start:end, None].float()))
+            grad.mul_(inv_t)
+            if t is not None:
+                grad.mul_(1 - t * t)
+            if scale != 1.0:
+                grad.mul_(scale)
+            grad_z = grad.to(dtype)
+            if grad_hidden is not None:
+                torch.mm(grad_z, w, out=grad_hidden[start:end])
+            if needs_weight:  # float32 sums over blocks of tokens
+                part = grad_z.t() @ h
+                grad_weight = part.float() if grad_weight is None else grad_weight.add_(part)
+            if needs_bias:
+                grad_bias = grad.sum(0) if grad_bias is None else grad_bias.add_(grad.sum(0))
+        return (
+            None if grad_hidden is None else grad_hidden.to(hidden_dtype),
+            None if grad_weight is None else grad_weight.to(weight_dtype),
+            None if grad_bias is None else grad_bias.to(bias_dtype),
+            *([None] * 6),
+        )
