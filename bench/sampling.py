@@ -35,7 +35,6 @@ from unittest import mock
 from r1kit import cpu, templates
 from r1kit.sampling import SamplingParams, hf_backend, load_sampler, vllm_available
 from r1kit.tasks import addition
-from r1kit.training import has_gpu
 
 
 def matmul_gflops(dtype: str, size: int = 2048, seconds: float = 1.0, repeats: int = 3) -> float:
@@ -145,7 +144,7 @@ def main() -> None:
     p.add_argument("--generate", action="store_true", help="also time model.generate in place of r1kit's decoding loop")
     p.add_argument("--system-allocator", action="store_true", help="leave the C allocator as it is (r1kit's commands keep freed memory on a CPU)")
     args = p.parse_args()
-    if not args.system_allocator and not has_gpu():
+    if not args.system_allocator:
         cpu.keep_freed_memory()
 
     model = args.model

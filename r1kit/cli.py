@@ -149,10 +149,8 @@ def _cmd_eval(args) -> None:
         summary = score_completions(bench, args.completions, args.output, args.answer_fallback, limits(settings), settings.think_prefill)
     else:
         from r1kit import cpu
-        from r1kit.training import has_gpu
 
-        if not has_gpu():
-            cpu.keep_freed_memory()
+        cpu.keep_freed_memory()
         summary = evaluate(bench, args.output, settings, model=args.model, backend=args.backend)
     print(table([summary]), end="")
     print(f"samples and summary: {args.output}")

@@ -38,13 +38,16 @@ _kept = False
 
 
 def keep_freed_memory() -> bool:
-    """Have glibc's allocator serve large allocations from its heap and keep freed memory there,
-    so that tensors allocated again and again reuse pages already mapped. Process-wide; says
-    whether it took effect (not on a C library other than glibc). The resident size stays near
-    the run's peak instead of falling between steps."""
+    """On a machine without a CUDA GPU, have glibc's allocator serve large allocations from its
+    heap and keep freed memory there, so that tensors allocated again and again reuse pages
+    already mapped. Process-wide; says whether it took effect (not with a GPU, not on a C library
+    other than glibc). The resident size stays near the run's peak instead of falling between
+    steps."""
     global _kept
     if _kept:
         return True
+    if torch.cuda.is_available():
+        return False
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name)
@@ -109,28 +112,27 @@ class WholeVocabLogProbs(torch.autograd.Function):
         w = weight.to(dtype)
         b = None if bias is None else bias.to(dtype)
         args = (logit_scale, softcap, 1 / temperature)
-        n, vocab = hidden.shape[0], weight.shape[0]
+        n = hidden.shape[0]
         names = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
         parts: dict[str, list] = {k: [] for k in (*names, "log_z")}
-        with torch.no_grad():
-            for start in range(0, n, BLOCK_ROWS):
-                z, _ = _logits(hidden[start : start + BLOCK_ROWS].to(dtype), w, b, *args)
-                target = targets[start : start + BLOCK_ROWS].unsqueeze(-1)
-                top = z.amax(-1, keepdim=True)
-                if "is_top1" in outputs:
-                    parts["is_top1"].append(z.argmax(-1) == target[:, 0])
-                if "mean_logits" in outputs:
-                    parts["mean_logits"].append(z.mean(-1))
-                z.sub_(top)
-                e = torch.exp(z)
-                sum_e = e.sum(-1)
-                log_sum = sum_e.log()
-                parts["log_z"].append(top[:, 0] + log_sum)
-                parts["log_probs"].append(z.gather(-1, target)[:, 0] - log_sum)
-                if "log_sum_sq_probs" in outputs:
-                    parts["log_sum_sq_probs"].append(torch.linalg.vector_norm(e, dim=-1).square().log() - 2 * log_sum)
-                if "entropy" in outputs:
-                    parts["entropy"].append(log_sum - e.mul_(z).sum(-1) / sum_e)
+        for start in range(0, n, BLOCK_ROWS):  # forward runs without autograd
+            z, _ = _logits(hidden[start : start + BLOCK_ROWS].to(dtype), w, b, *args)
+            target = targets[start : start + BLOCK_ROWS].unsqueeze(-1)
+            top = z.amax(-1, keepdim=True)
+            if "is_top1" in outputs:
+                parts["is_top1"].append(z.argmax(-1) == target[:, 0])
+            if "mean_logits" in outputs:
+                parts["mean_logits"].append(z.mean(-1))
+            z.sub_(top)
+            e = torch.exp(z)
+            sum_e = e.sum(-1)
+            log_sum = sum_e.log()
+            parts["log_z"].append(top[:, 0] + log_sum)
+            parts["log_probs"].append(z.gather(-1, target)[:, 0] - log_sum)
+            if "log_sum_sq_probs" in outputs:
+                parts["log_sum_sq_probs"].append(torch.linalg.vector_norm(e, dim=-1).square().log() - 2 * log_sum)
+            if "entropy" in outputs:
+                parts["entropy"].append(log_sum - e.mul_(z).sum(-1) / sum_e)
         result = {k: torch.cat(v) if v else None for k, v in parts.items()}
         log_z, entropy = result["log_z"], result["entropy"]
         ctx.save_for_backward(hidden, w, b, targets, log_z, log_z if entropy is None else entropy)

@@ -176,11 +176,10 @@ def preflight(recipe: Recipe) -> None:
 def run(recipe: Recipe, restart_from: str | None = None) -> dict[str, dict]:
     """Run the recipe's unfinished stages; returns every stage's marker record by name."""
     from r1kit import cpu
-    from r1kit.training import has_gpu, resolve_model
+    from r1kit.training import resolve_model
 
     preflight(recipe)
-    if not has_gpu():
-        cpu.keep_freed_memory()
+    cpu.keep_freed_memory()
     stage_process.barrier()  # every process joins the run's group before the main one builds anything
     isolate = stage_process.enabled()
     the_plan = plan(recipe, restart_from)

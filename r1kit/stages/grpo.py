@@ -40,7 +40,6 @@ Not here: the reward functions themselves (rewards/), or any loss of r1kit's own
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
 from dataclasses import dataclass, field
@@ -126,7 +125,7 @@ def run(ctx: StageContext) -> StageResult:
         if args.bf16:
             autocast_rollouts(trainer)
     sizes = lora.parameters(trainer.model)
-    with cpu.log_probs_on_cpu() if trainer.accelerator.device.type == "cpu" else contextlib.nullcontext():
+    with cpu.log_probs_on_cpu():  # TRL's own head on other devices
         out = train_and_save(trainer, ctx)
     return StageResult(model=out, metrics=sizes | summarize(read_metrics(metrics_path), rewards) | clock.totals())
 
@@ -142,7 +141,6 @@ def decode_rollouts(trainer) -> bool:
     after generation are unchanged. Taken only where that holds: not with vLLM or continuous
     batching, not for vision-language models, and not with top-k, min-p, a repetition penalty or
     ``generation_kwargs``, which the loop does not apply (TRL's generation runs then, as before)."""
-    import torch
     from trl.models import unwrap_model_for_generation
 
     from r1kit.sampling.decode import Nucleus, decode
@@ -175,8 +173,7 @@ def decode_rollouts(trainer) -> bool:
                 trainer.accelerator,
                 gather_deepspeed3_params=args.ds3_gather_for_generation,
                 gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
-            ) as model,
-            torch.no_grad(),
+            ) as model
         ):
             return decode(model, prompts, counts, trainer.max_completion_length, draw, eos_ids, pad_id), None
 
