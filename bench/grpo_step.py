@@ -14,9 +14,10 @@ steps each:
   no reference model, the DAPO token-level loss;
 - **r1kit**: a one-stage recipe run by r1kit's pipeline, with its CPU and paper defaults
   (bfloat16 autocast where r1kit.precision picks it, rollouts from r1kit's decoding loop inside
-  one autocast region, else float32; TRL's log-probabilities through r1kit.cpu's whole-vocabulary
-  products; the allocator keeping freed memory; no gradient checkpointing; ``beta: 0.001`` with
-  a reference model; the sequence-level GRPO loss), plus --r1kit-trainer fields.
+  one autocast region, its linear layers packed by r1kit.cpu, else float32; TRL's
+  log-probabilities through r1kit.cpu's whole-vocabulary products; short attention in SDPA's math
+  kernel; the allocator keeping freed memory; no gradient checkpointing; ``beta: 0.001`` with a
+  reference model; the sequence-level GRPO loss), plus --r1kit-trainer fields.
 
 Bare TRL runs first: the allocator setting r1kit's pipeline makes is process-wide and would
 otherwise speed up the bare side too.

@@ -7,17 +7,20 @@ machine's arithmetic limit measured in the same run.
     python bench/sampling.py --model M --dtypes float32   # one precision only
     python bench/sampling.py --model M --warpers          # also transformers' own sampling step
     python bench/sampling.py --model M --generate         # also model.generate instead of r1kit's loop
+    python bench/sampling.py --model M --unpacked         # also r1kit's loop with torch's own linear products
 
 Prompts are addition questions (r1kit.tasks) in the r1_zero template, sampled at the evaluation
 protocol's temperature 0.6 and top-p 0.95. Each backend is loaded, warmed up on one prompt, then
 timed on the whole batch (best of --repeats); tokens are what the backends report per completion.
-The limit: torch's matmul throughput on 2048 x 2048 matrices in each precision, all cores
-(products back to back for a second, the best of 3 seconds), over the 2 x (parameters) floating-point operations a generated token costs at least
+The limit: the machine's matmul throughput on 2048 x 2048 matrices in each precision, all cores
+(the faster of torch.matmul and oneDNN's pre-packed product; products back to back for a second,
+the best of 3 seconds), over the 2 x (parameters) floating-point operations a generated token costs at least
 (attention over the context comes on top). Prints one line per backend and precision, and the
 ratios. Without vllm installed, only transformers runs. With --warpers, the transformers backend
 also runs with transformers' own sampling step in place of r1kit's `Nucleus` (its temperature and
 top-p warpers, which sort the whole vocabulary, then a draw over all of it), for the ratio; with
---generate, with ``model.generate`` in place of r1kit's decoding loop (r1kit.sampling.decode).
+--generate, with ``model.generate`` in place of r1kit's decoding loop (r1kit.sampling.decode);
+with --unpacked, with the loop's linear layers left to torch (no r1kit.cpu.packed_linears).
 
 On a CPU every backend runs with r1kit's allocator setting (`r1kit.cpu.keep_freed_memory`, as
 `r1kit run` and `r1kit eval` set it), which --system-allocator leaves out.
@@ -28,6 +31,7 @@ Not measured: start-up cost beyond the printed load time, GPU throughput, memory
 from __future__ import annotations
 
 import argparse
+import contextlib
 import tempfile
 import time
 from unittest import mock
@@ -38,20 +42,29 @@ from r1kit.tasks import addition
 
 
 def matmul_gflops(dtype: str, size: int = 2048, seconds: float = 1.0, repeats: int = 3) -> float:
-    """The matmul throughput of products of two size x size matrices, in GFLOP/s: products run
-    back to back for `seconds`, the best of `repeats` such runs."""
+    """The machine's matmul throughput in `dtype`, in GFLOP/s: the faster of torch.matmul and
+    oneDNN's pre-packed product (r1kit.cpu.packed_linears; in float32 torch.matmul goes through
+    MKL, which on AMD CPUs runs at well under half of oneDNN's rate) on two size x size matrices,
+    products back to back for `seconds`, the best of `repeats` such runs."""
     import torch
+
+    from r1kit import cpu
 
     a = torch.randn(size, size, dtype=getattr(torch, dtype))
     b = torch.randn(size, size, dtype=getattr(torch, dtype))
-    a @ b  # warm-up
+    products = [lambda: a @ b]
+    if cpu.packing_available():
+        packed = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), size)
+        products.append(lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""))
     best = 0.0
-    for _ in range(repeats):
-        t0, count = time.perf_counter(), 0
-        while time.perf_counter() - t0 < seconds:
-            a @ b
-            count += 1
-        best = max(best, 2 * size**3 * count / (time.perf_counter() - t0) / 1e9)
+    for product in products:
+        product()  # warm-up
+        for _ in range(repeats):
+            t0, count = time.perf_counter(), 0
+            while time.perf_counter() - t0 < seconds:
+                product()
+                count += 1
+            best = max(best, 2 * size**3 * count / (time.perf_counter() - t0) / 1e9)
     return best
 
 
@@ -142,6 +155,7 @@ def main() -> None:
     p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated precisions of the weights")
     p.add_argument("--warpers", action="store_true", help="also time transformers' own sampling step")
     p.add_argument("--generate", action="store_true", help="also time model.generate in place of r1kit's decoding loop")
+    p.add_argument("--unpacked", action="store_true", help="also time r1kit's loop without packed linear layers")
     p.add_argument("--system-allocator", action="store_true", help="leave the C allocator as it is (r1kit's commands keep freed memory on a CPU)")
     args = p.parse_args()
     if not args.system_allocator:
@@ -155,6 +169,7 @@ def main() -> None:
     prompts = [templates.render("r1_zero", row["prompt"]) for row in addition(n=args.prompts, split="test")]
     params = SamplingParams(temperature=0.6, top_p=0.95, max_tokens=args.max_tokens, seed=0)
     backends = ["transformers"] + (["transformers-generate"] if args.generate else []) + (["transformers-warpers"] if args.warpers else [])
+    backends += ["transformers-unpacked"] if args.unpacked else []
     backends += ["vllm"] if vllm_available() else []
     dtypes = args.dtypes.split(",")
     per_token = flops_per_token(model)
@@ -170,6 +185,9 @@ def main() -> None:
         for dtype in dtypes:
             if backend == "transformers-warpers":
                 with mock.patch.object(hf_backend, "Nucleus", Warpers):
+                    r = measure("transformers", model, prompts, args.samples, params, args.repeats, dtype)
+            elif backend == "transformers-unpacked":
+                with mock.patch.object(cpu, "packed_linears", lambda *a, **k: contextlib.nullcontext()):
                     r = measure("transformers", model, prompts, args.samples, params, args.repeats, dtype)
             elif backend == "transformers-generate":
                 r = measure("transformers", model, prompts, args.samples, params, args.repeats, dtype, wrap=WithGenerate)
@@ -188,6 +206,9 @@ def main() -> None:
         if ("transformers-generate", dtype) in results:
             ratio = results["transformers", dtype]["tok_s"] / results["transformers-generate", dtype]["tok_s"]
             print(f"transformers with r1kit's decoding loop / with model.generate, {dtype}: {ratio:.2f}x tokens per second")
+        if ("transformers-unpacked", dtype) in results:
+            ratio = results["transformers", dtype]["tok_s"] / results["transformers-unpacked", dtype]["tok_s"]
+            print(f"transformers with packed linear layers / with torch's own, {dtype}: {ratio:.2f}x tokens per second")
         if ("transformers-warpers", dtype) in results:
             ratio = results["transformers", dtype]["tok_s"] / results["transformers-warpers", dtype]["tok_s"]
             print(f"transformers with r1kit's sampling step / with its own, {dtype}: {ratio:.2f}x tokens per second")

@@ -1,13 +1,19 @@
-"""r1kit.cpu: the allocator setting, and TRL's fused LM head through whole-vocabulary products."""
+"""r1kit.cpu: the allocator setting, TRL's fused LM head through whole-vocabulary products,
+packed linear layers for decoding, and short attention in SDPA's math kernel."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import subprocess
 import sys
 
+from unittest import mock
+
 import pytest
 import torch
+
+from r1kit import cpu
 
 MALLINFO = """
 import ctypes, torch
@@ -46,8 +52,6 @@ def test_fused_head_on_cpu_scores_completion_positions_alone_with_the_same_log_p
     from transformers import AutoModelForCausalLM
     from trl.trainer.utils import add_fused_lm_head
 
-    from r1kit import cpu
-
     projected = []
     for cls in (trl_utils._ChunkedLogProbFunction, cpu.WholeVocabLogProbs):
         monkeypatch.setattr(cls, "apply", functools.partial(lambda apply, cls, hidden, *a: projected.append((cls, hidden.shape[0])) or apply(hidden, *a), cls.apply, cls))
@@ -83,8 +87,6 @@ def test_whole_vocabulary_log_probs_match_trls_tiles(monkeypatch, autocast):
     within bfloat16 rounding under autocast, gradients included."""
     from trl.kernels import ChunkedLogProbFunction
 
-    from r1kit import cpu
-
     monkeypatch.setattr(cpu, "BLOCK_ROWS", 8)
     torch.manual_seed(0)
     hidden, weight, bias = torch.randn(29, 16), torch.randn(300, 16) / 2, torch.randn(300)
@@ -107,3 +109,63 @@ def test_whole_vocabulary_log_probs_match_trls_tiles(monkeypatch, autocast):
         assert torch.equal(ours[4], trls[4])
     for a, b in zip(our_grads, trl_grads):
         torch.testing.assert_close(a, b, **tol)
+
+
+class Scaled(torch.nn.Linear):
+    """A subclass of nn.Linear (as quantized and adapter layers are): left as it is."""
+
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+@pytest.mark.skipif(not cpu.packing_available(), reason="torch without oneDNN's packed linear kernels")
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_packed_linears_compute_the_same_products_and_restore_the_layers(dtype):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 32, bias=False), Scaled(32, 8))
+    x = torch.randn(5, 3, 64)
+    region = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()  # as GRPO rollouts pack
+    with torch.no_grad(), region:
+        expected = model(x)
+    calls = []
+    real = torch.ops.mkldnn._linear_pointwise
+    with cpu.packed_linears(model, rows=15, dtype=dtype) as packed, torch.no_grad(), region:
+        assert packed == 2  # the subclass is not packed
+        with mock.patch.object(torch.ops.mkldnn, "_linear_pointwise", lambda *a: calls.append(a) or real(*a)):
+            got = model(x)
+        with torch.enable_grad():  # with autograd on, the layers' own products
+            trained = model(x)
+    assert len(calls) == 2 and got.dtype == expected.dtype
+    tol = {} if dtype is None else {"atol": 2e-2, "rtol": 2e-2}
+    torch.testing.assert_close(got, expected, **tol)
+    assert trained.requires_grad
+    assert all("forward" not in vars(m) for m in model)  # restored
+    with torch.no_grad():
+        assert torch.equal(model(x), model(x))
+
+
+def test_short_attention_runs_in_math_kernel_and_long_attention_in_sdpas_choice(monkeypatch):
+    """Inside the context, transformers' SDPA entry point computes attention over at most
+    MATH_ATTENTION_UP_TO positions with torch's math kernel (same values), longer with SDPA's own."""
+    from torch.nn.attention import SDPBackend
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 3, True
+    backends = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        backends.append(torch._C._get_math_sdp_enabled() and not torch._C._get_flash_sdp_enabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    outputs = {}
+    for length in (cpu.MATH_ATTENTION_UP_TO, cpu.MATH_ATTENTION_UP_TO + 1):
+        q, k, v = torch.randn(2, 6, length, 16), torch.randn(2, 2, length, 16), torch.randn(2, 2, length, 16)
+        before, _ = ALL_ATTENTION_FUNCTIONS["sdpa"](module, q, k, v, None)
+        with cpu.short_attention_in_math():
+            outputs[length] = ALL_ATTENTION_FUNCTIONS["sdpa"](module, q, k, v, None)[0]
+        torch.testing.assert_close(outputs[length], before)
+    assert backends == [False, True, False, False]
+    assert SDPBackend.MATH  # the backend the first call inside ran in

@@ -84,6 +84,65 @@ def test_decode_attention_equals_sdpa_on_buffer_views():
     torch.testing.assert_close(ours, theirs)
 
 
+def test_shared_prefix_attention_equals_sdpa_over_each_rows_whole_cache():
+    """Rows that share their prompt's cached positions (a prompt with no rows, prompts with
+    different numbers of rows) attend as SDPA does over the prompt's positions followed by the
+    row's own; still after rows leave and a prefix no row reads is dropped."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    torch.manual_seed(0)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 3, True
+    layer = decode_lib.GrowingLayer()
+    prompt_keys, prompt_values = torch.randn(3, 2, 7, 16), torch.randn(3, 2, 7, 16)
+    layer.update(prompt_keys, prompt_values)
+    prompt = torch.tensor([0, 0, 2, 2, 2])
+    rows = decode_lib.PromptRows(prompt, 3)
+    layer.share(rows, 1)  # room for one position of each row's own: the second step outgrows it
+    own_keys, own_values = torch.randn(5, 2, 0, 16), torch.randn(5, 2, 0, 16)
+    padding = torch.ones(3, 7, dtype=torch.bool)
+    padding[2, :2] = False
+    cache = decode_lib.DynamicCache()
+    cache.layers = [layer]
+    for step, keep in enumerate([None, None, torch.tensor([0, 3, 4]), None]):  # 2 steps, drop rows, 2 more
+        if keep is not None:
+            rows = decode_lib.select_rows(cache, rows, keep, 4)
+            prompt, own_keys, own_values = prompt[keep], own_keys[keep], own_values[keep]
+        new_keys, new_values = torch.randn(len(prompt), 2, 1, 16), torch.randn(len(prompt), 2, 1, 16)
+        key, value = layer.update(new_keys, new_values)
+        own_keys, own_values = torch.cat([own_keys, new_keys], 2), torch.cat([own_values, new_values], 2)
+        assert layer.get_seq_length() == 7 + own_keys.shape[2]
+        query = torch.randn(len(prompt), 6, 1, 16)
+        mask = torch.cat([padding[prompt], torch.ones(len(prompt), own_keys.shape[2], dtype=torch.bool)], 1)[:, None, None]
+        ours, _ = decode_attention(module, query, key, value, mask, scaling=0.25)
+        whole_keys = torch.cat([prompt_keys[prompt], own_keys], 2)
+        whole_values = torch.cat([prompt_values[prompt], own_values], 2)
+        theirs, _ = sdpa_attention_forward(module, query, whole_keys, whole_values, mask, scaling=0.25)
+        torch.testing.assert_close(ours, theirs)
+    assert layer.prefix[0].shape[0] == 2  # prompt 1 had no rows; after the drop, prompts 0 and 2 only
+
+
+def test_sampler_chunks_fit_the_cache_budget(tiny_model, monkeypatch):
+    """Without a batch_size, a chunk holds as many samples as keep their keys and values within
+    CACHE_BYTES, at most MAX_ROWS; a batch_size given is the chunk size."""
+    from r1kit.sampling import hf_backend
+
+    sampler = hf_backend.HFSampler(str(tiny_model), dtype="float32")
+    config = sampler.model.config
+    per_position = 2 * config.num_hidden_layers * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads) * 4
+    assert sampler.rows_for(64) == hf_backend.MAX_ROWS
+    monkeypatch.setattr(hf_backend, "CACHE_BYTES", per_position * (100 + decode_lib.BLOCK) * 10)
+    assert sampler.rows_for(100) == 10 and sampler.rows_for(10**9) == 1
+    seen = []
+    real = hf_backend.decode
+    monkeypatch.setattr(hf_backend, "decode", lambda model, prompts, counts, *a: seen.append(sum(counts)) or real(model, prompts, counts, *a))
+    sampler.generate(["a", "b", "c"], 4, hf_backend.SamplingParams(temperature=0.0, max_tokens=100))
+    assert seen == [10, 2]
+    sampler.batch_size, seen[:] = 5, []
+    sampler.generate(["a", "b", "c"], 4, hf_backend.SamplingParams(temperature=0.0, max_tokens=100))
+    assert seen == [5, 5, 2]
+
+
 def test_chunks_hold_at_most_batch_size_samples_in_order():
     assert list(chunks(3, 4, 8)) == [(0, [(0, 4), (1, 4)]), (8, [(2, 4)])]
     assert list(chunks(2, 5, 4)) == [(0, [(0, 4)]), (4, [(0, 1), (1, 3)]), (8, [(1, 2)])]

@@ -7,15 +7,19 @@ sampling backend and for GRPO rollouts on a CPU.
 
 What it does that ``model.generate`` does not, and why it is faster on a CPU (each measured on
 SmolLM2-135M, see bench/sampling.py):
-- each prompt is prefilled once and its keys and values copied to its n samples (``generate``
-  prefills every copy: with R1's 8-16 samples a prompt, most of the prefill work), and the
-  prefill computes logits at the last position only;
-- keys and values are written in place into buffers that grow by blocks of positions
-  (``generate``'s cache concatenates every layer's keys and values at every step: a fresh
-  allocation and a copy of the whole cache, which on a CPU cost more than the step's matmuls);
-- one new token a row attends as two batched matmuls per layer, each group of query heads
-  against its own key-value head (SDPA's CPU kernels copy keys and values once per query head
-  under grouped-query attention with a padding mask, and are slow with one query a row);
+- each prompt is prefilled once, and its keys and values are kept once and read by all of its n
+  samples (``generate`` prefills every copy: with R1's 8-16 samples a prompt, most of the
+  prefill work, and each sample reads its own copy of the prompt at every step); the prefill
+  computes logits at the last position only;
+- each sample's own keys and values are written in place into buffers that grow by blocks of
+  positions (``generate``'s cache concatenates every layer's keys and values at every step: a
+  fresh allocation and a copy of the whole cache, which on a CPU cost more than the step's matmuls);
+- one new token a row attends as batched matmuls per layer, each group of query heads against its
+  own key-value head, all the samples of a prompt at once against the prompt's positions (SDPA's
+  CPU kernels copy keys and values once per query head under grouped-query attention with a
+  padding mask, and are slow with one query a row);
+- on a CPU the linear layers multiply by weights packed once per call in oneDNN's layout
+  (`r1kit.cpu.packed_linears`), in the autocast dtype inside an autocast region;
 - rows whose sample has ended leave the batch (once a quarter of it has ended);
 - `Nucleus` draws temperature / top-p samples from the few most likely tokens instead of
   sorting the whole vocabulary at every step.
@@ -37,43 +41,94 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-BLOCK = 64  # positions a cache buffer grows by: one copy of the cache per BLOCK decoding steps
+from r1kit import cpu
+
+BLOCK = 16  # positions a row's buffers grow by: one copy of its own positions per BLOCK decoding steps
+
+
+class PromptRows:
+    """Which prompt each batch row samples (rows grouped by prompt, in prompt order), and the rows
+    laid out prompt by prompt in `slots` [prompts, most rows of a prompt] (row index, or the
+    batch size where a prompt has fewer rows), `flat` the place of each row in that layout."""
+
+    def __init__(self, prompt: torch.Tensor, prompts: int):
+        self.prompt = prompt
+        counts = torch.bincount(prompt, minlength=prompts)
+        self.width = int(counts.max())
+        place = torch.arange(len(prompt), device=prompt.device) - (counts.cumsum(0) - counts)[prompt]
+        self.flat = prompt * self.width + place
+        self.slots = torch.full((prompts * self.width,), len(prompt), device=prompt.device)
+        self.slots[self.flat] = torch.arange(len(prompt), device=prompt.device)
+        self.slots = self.slots.view(prompts, self.width)
 
 
 class GrowingLayer(DynamicLayer):
     """A cache layer whose keys and values are views of zero-filled buffers with room ahead, so
     that each update writes the new positions in place. Keys are stored transposed
     ([B, H, D, capacity]): the views handed to attention are [B, H, L, D] as usual, and
-    `decode_attention` reads the transposed buffer as a plain matrix."""
+    `decode_attention` reads the transposed buffer as a plain matrix.
+
+    After `share`, the positions cached so far (the prompts') are a prefix kept once per prompt
+    and read by all of its rows; the buffers hold each row's own positions after it. The key
+    views handed to attention then carry the prefix as their attribute ``shared_prefix``."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.prefix: tuple[torch.Tensor, torch.Tensor] | None = None  # [P, H, D, W] keys, [P, H, W, D] values
+        self.rows: PromptRows | None = None
+
+    def own_length(self) -> int:
+        return 0 if self.buffers is None else self.values.shape[-2]
+
+    def get_seq_length(self) -> int:
+        return self.own_length() + (0 if self.prefix is None else self.prefix[1].shape[-2])
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        used = self.get_seq_length()
+        used = self.own_length()
         end = used + key_states.shape[-2]
-        if self.buffers is None or end > self.buffers[1].shape[-2]:
-            self.regrow(key_states, end + BLOCK)
+        if self.buffers is None:
+            batch, heads, _, dim = key_states.shape
+            self.buffers = (key_states.new_zeros(batch, heads, dim, end + BLOCK), key_states.new_zeros(batch, heads, end + BLOCK, dim))
+        elif end > self.buffers[1].shape[-2]:
+            self.regrow(end + BLOCK)
         keys_t, values = self.buffers
         keys_t[..., used:end] = key_states.transpose(-1, -2)
         values[:, :, used:end] = value_states
         self.keys, self.values = keys_t[..., :end].transpose(-1, -2), values[:, :, :end]
+        if self.prefix is not None:
+            self.keys.shared_prefix = (*self.prefix, self.rows)
         return self.keys, self.values
 
-    def regrow(self, like: torch.Tensor, capacity: int, rows: torch.Tensor | None = None) -> None:
-        """New buffers of `capacity` positions holding the cached ones (of batch rows `rows` only,
-        in that order, when given)."""
-        used = self.get_seq_length()
-        keys, values = (self.keys, self.values) if rows is None or used == 0 else (self.keys[rows], self.values[rows])
-        batch, heads, dim = (like.shape[0] if used == 0 else keys.shape[0]), like.shape[1], like.shape[-1]
-        self.buffers = (like.new_zeros(batch, heads, dim, capacity), like.new_zeros(batch, heads, capacity, dim))
-        if used:
-            self.buffers[0][..., :used] = keys.transpose(-1, -2)
-            self.buffers[1][:, :, :used] = values
+    def regrow(self, capacity: int, rows: torch.Tensor | None = None) -> None:
+        """New buffers of `capacity` positions holding the row's own cached ones (of batch rows
+        `rows` only, in that order, when given)."""
+        used = self.own_length()
+        keys_t, values = self.buffers
+        if rows is not None:
+            keys_t, values = keys_t[rows], values[rows]
+        batch, heads, dim = values.shape[0], values.shape[1], values.shape[-1]
+        self.buffers = (values.new_zeros(batch, heads, dim, capacity), values.new_zeros(batch, heads, capacity, dim))
+        self.buffers[0][..., :used] = keys_t[..., :used]
+        self.buffers[1][:, :, :used] = values[:, :, :used]
         self.keys, self.values = self.buffers[0][..., :used].transpose(-1, -2), self.buffers[1][:, :, :used]
+
+    def share(self, rows: PromptRows, capacity: int, prompts: torch.Tensor | None = None) -> None:
+        """Make the cached positions (of prompt rows `prompts`, when given) the prefix of `rows`,
+        with buffers of `capacity` positions for each row's own. On a layer already shared: keep
+        those prompts' prefixes and the rows' own positions."""
+        if self.prefix is None:  # fresh: no positions of the rows' own yet
+            keys_t, values = self.buffers
+            used = self.own_length()
+            self.prefix = (keys_t[..., :used].contiguous(), values[:, :, :used].contiguous())
+            batch, heads, dim = len(rows.prompt), values.shape[1], values.shape[-1]
+            self.buffers = (values.new_zeros(batch, heads, dim, capacity), values.new_zeros(batch, heads, capacity, dim))
+            self.keys, self.values = self.buffers[0][..., :0].transpose(-1, -2), self.buffers[1][:, :, :0]
+        if prompts is not None:
+            self.prefix = (self.prefix[0][prompts], self.prefix[1][prompts])
+        self.rows = rows
 
 
 def decode_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -81,17 +136,28 @@ def decode_attention(module, query, key, value, attention_mask, scaling=None, dr
 
     Keys and values that are views of a `GrowingLayer`'s buffers are read over the buffers' whole
     capacity, the positions past the cached ones masked out: a slice of a buffer is no plain
-    matrix, and the matmuls would copy it at every step."""
+    matrix, and the matmuls would copy it at every step. With a shared prefix, each prompt's
+    queries (all its rows') attend to its prefix in one product, and each row to its own
+    positions; one softmax over both."""
     if query.shape[2] != 1 or dropout:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     batch, heads, _, dim = query.shape
     groups, length = key.shape[1], key.shape[2]
+    shared = getattr(key, "shared_prefix", None)
     keys_t = key.transpose(-1, -2)  # [B, KV heads, D, L]
     capacity = keys_t.stride(-2) if keys_t.stride(-1) == 1 and value.stride(-2) == dim else length
     if capacity > length:  # the zero-filled buffers behind the views
         keys_t = keys_t.as_strided((batch, groups, dim, capacity), keys_t.stride())
         value = value.as_strided((batch, groups, capacity, dim), value.stride())
-    scores = torch.matmul(query.view(batch, groups, heads // groups, dim), keys_t)  # [B, KV heads, group, capacity]
+    query = query.view(batch, groups, heads // groups, dim)
+    scores = torch.matmul(query, keys_t)  # [B, KV heads, group, capacity]
+    if shared is not None:  # [P, KV heads, D, W] keys and [P, KV heads, W, D] values, the rows' layout
+        prefix_keys_t, prefix_values, rows = shared
+        prompts, width = prefix_keys_t.shape[0], prefix_keys_t.shape[-1]
+        by_prompt = _by_prompt(torch.cat([query, query.new_zeros(1, *query.shape[1:])])[rows.slots])
+        prefix_scores = _by_row(torch.matmul(by_prompt, prefix_keys_t), rows)  # [B, KV heads, group, W]
+        scores = torch.cat([prefix_scores, scores], dim=-1)
+        length += width
     scores = scores * (dim**-0.5 if scaling is None else scaling)
     if attention_mask is not None:  # [B, 1, 1, L]: True where a row may attend, or additive
         if attention_mask.dtype == torch.bool:
@@ -100,7 +166,26 @@ def decode_attention(module, query, key, value, attention_mask, scaling=None, dr
             scores[..., :length] += attention_mask
     scores[..., length:] = float("-inf")
     probs = scores.softmax(dim=-1, dtype=torch.float32).to(value.dtype)
-    return torch.matmul(probs, value).view(batch, 1, heads, dim), None  # heads in repeat_kv's order
+    if shared is None:
+        out = torch.matmul(probs, value)
+    else:
+        placed = probs.new_zeros(prompts * rows.width, *probs.shape[1:-1], width)
+        placed[rows.flat] = probs[..., :width]
+        out = _by_row(torch.matmul(_by_prompt(placed.view(prompts, rows.width, *placed.shape[1:])), prefix_values), rows)
+        out += torch.matmul(probs[..., width:], value)
+    return out.view(batch, 1, heads, dim), None  # heads in repeat_kv's order
+
+
+def _by_prompt(x: torch.Tensor) -> torch.Tensor:
+    """[P, rows, KV heads, group, N] -> [P, KV heads, rows x group, N]: a prompt's rows as one matrix."""
+    prompts, width, groups, group, n = x.shape
+    return x.transpose(1, 2).reshape(prompts, groups, width * group, n)
+
+
+def _by_row(x: torch.Tensor, rows: PromptRows) -> torch.Tensor:
+    """[P, KV heads, rows x group, N] -> [B, KV heads, group, N], the batch's rows in order."""
+    prompts, groups, _, n = x.shape
+    return x.view(prompts, groups, rows.width, -1, n).transpose(1, 2).reshape(prompts * rows.width, groups, -1, n)[rows.flat]
 
 
 AttentionInterface.register("r1kit_decode", decode_attention)
@@ -122,10 +207,16 @@ def decoding_attention(model):
             config._attn_implementation = "sdpa"
 
 
-def select_rows(cache: DynamicCache, rows: torch.Tensor, headroom: int) -> None:
-    """Keep (or repeat) the cache's batch rows `rows`, with room for `headroom` more positions."""
+def select_rows(cache: DynamicCache, rows: PromptRows, keep: torch.Tensor, headroom: int) -> PromptRows:
+    """Keep the cache's batch rows `keep` (of prompts `rows.prompt[keep]`), with room for
+    `headroom` more positions of their own; drop the prefixes no row reads any more. The rows kept."""
+    prompt = rows.prompt[keep]
+    live = torch.unique(prompt)  # sorted
+    kept = PromptRows(torch.searchsorted(live, prompt), len(live))
     for layer in cache.layers:
-        layer.regrow(layer.keys, layer.get_seq_length() + headroom, rows)
+        layer.regrow(layer.own_length() + headroom, keep)
+        layer.share(kept, 0, live if len(live) < rows.slots.shape[0] else None)
+    return kept
 
 
 @torch.no_grad()
@@ -148,11 +239,14 @@ def decode(
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()
     cache.layers = [GrowingLayer() for _ in range(model.config.get_text_config(decoder=True).num_hidden_layers)]
-    with decoding_attention(model):
+    autocast = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+    with decoding_attention(model), cpu.packed_linears(model, sum(counts), autocast):
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, logits_to_keep=1)
-        # Each prompt's row once per sample: cache, mask, positions and logits.
+        # Each prompt's row once per sample: the prompt's cached positions shared, mask, positions and logits.
         rows = torch.repeat_interleave(torch.arange(len(prompts), device=device), torch.tensor(counts, device=device))
-        select_rows(cache, rows, min(BLOCK, max_tokens))
+        shared = PromptRows(rows, len(prompts))
+        for layer in cache.layers:
+            layer.share(shared, min(BLOCK, max_tokens))
         logits, positions = out.logits[rows, -1], positions[rows, -1:]
         mask = torch.cat([mask[rows], mask.new_ones(len(rows), max_tokens)], dim=1)  # a slice of it per step
         eos = torch.tensor(sorted(eos_ids), device=device)
@@ -172,7 +266,7 @@ def decode(
             if finished * 4 >= len(live):  # drop the ended rows: a copy of the cache, so not at every end
                 keep = (~ended).nonzero().squeeze(1)
                 live, tokens, mask, positions, ended = live[keep], tokens[keep], mask[keep], positions[keep], ended[keep]
-                select_rows(cache, keep, BLOCK)
+                shared = select_rows(cache, shared, keep, BLOCK)
             positions = positions + 1
             logits = model(
                 input_ids=tokens[:, None], attention_mask=mask[:, : width + step + 1], position_ids=positions, past_key_values=cache

@@ -2,7 +2,9 @@
 (r1kit.sampling.decode: one prefill per prompt for its n samples, an in-place cache, finished
 samples leave the batch; temperature and top-p sampling by its `Nucleus`).
 
-The n samples of each prompt are generated in chunks of at most `batch_size` samples; each chunk
+The n samples of each prompt are generated in chunks of at most `batch_size` samples (by default
+as many as keep a chunk's cached keys and values under `CACHE_BYTES`, at most `MAX_ROWS`: on a
+CPU a decoding step of 128 rows computed SmolLM2's tokens 1.2-1.3x as fast as two of 64); each chunk
 is seeded from ``params.seed`` and the index of its first sample, so results do not depend on
 what ran before. On GPUs prefer the vLLM backend: no paged attention or continuous batching here.
 """
@@ -12,13 +14,16 @@ from __future__ import annotations
 import torch
 
 from r1kit.sampling.base import Completion, SamplingParams
-from r1kit.sampling.decode import Nucleus, decode, greedy
+from r1kit.sampling.decode import BLOCK, Nucleus, decode, greedy
+
+CACHE_BYTES = 2 * 2**30  # keys and values a chunk's samples may cache, by default
+MAX_ROWS = 256
 
 
 class HFSampler:
     backend = "transformers"
 
-    def __init__(self, model: str, batch_size: int = 64, dtype: str = "auto"):
+    def __init__(self, model: str, batch_size: int | None = None, dtype: str = "auto"):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(model, padding_side="left")
@@ -39,13 +44,23 @@ class HFSampler:
         draw = Nucleus(params.temperature, params.top_p).draw if params.temperature > 0 else greedy
         ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
         out: list[Completion] = []
-        for start, chunk in chunks(len(prompts), n, self.batch_size):
+        for start, chunk in chunks(len(prompts), n, self.batch_size or self.rows_for(params.max_tokens)):
             torch.manual_seed(params.seed + start)
             rows = decode(self.model, [ids[p] for p, _ in chunk], [k for _, k in chunk], params.max_tokens, draw, eos_ids, self.tokenizer.pad_token_id)
             for tokens in rows:
                 text = self.tokenizer.decode(tokens, skip_special_tokens=True)
                 out.append(Completion(text=text, tokens=len(tokens), truncated=tokens[-1] not in eos_ids))
         return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+
+    def rows_for(self, max_tokens: int) -> int:
+        """Samples a chunk of completions of up to `max_tokens` tokens can hold: their own keys
+        and values (each prompt's are kept once) within `CACHE_BYTES`, at most `MAX_ROWS`."""
+        config = self.model.config.get_text_config(decoder=True)
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        per_position = 2 * config.num_hidden_layers * heads * dim * self.model.dtype.itemsize
+        return max(1, min(MAX_ROWS, CACHE_BYTES // (per_position * (max_tokens + BLOCK))))
 
 
 def chunks(prompts: int, n: int, batch_size: int):

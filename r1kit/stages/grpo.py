@@ -125,7 +125,7 @@ def run(ctx: StageContext) -> StageResult:
         if args.bf16:
             autocast_rollouts(trainer)
     sizes = lora.parameters(trainer.model)
-    with cpu.log_probs_on_cpu():  # TRL's own head on other devices
+    with cpu.log_probs_on_cpu(), cpu.short_attention_in_math():  # TRL's own head and SDPA's choice on other devices
         out = train_and_save(trainer, ctx)
     return StageResult(model=out, metrics=sizes | summarize(read_metrics(metrics_path), rewards) | clock.totals())
 
