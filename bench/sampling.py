@@ -133,8 +133,9 @@ class WithGenerate:
             return torch.full_like(scores, float("-inf")).scatter_(-1, nucleus.draw(scores)[:, None], 0.0)
 
         flat = [p for p in prompts for _ in range(n)]
-        for start in range(0, len(flat), s.batch_size):
-            enc = s.tokenizer(flat[start : start + s.batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
+        batch = s.batch_size or s.rows_for(params.max_tokens)
+        for start in range(0, len(flat), batch):
+            enc = s.tokenizer(flat[start : start + batch], return_tensors="pt", padding=True, add_special_tokens=False)
             torch.manual_seed(params.seed + start)
             gen = s.model.generate(**enc, max_new_tokens=params.max_tokens, do_sample=False, temperature=None, top_p=None, top_k=None,
                                    logits_processor=[processor], pad_token_id=s.tokenizer.pad_token_id)
