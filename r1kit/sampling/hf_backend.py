@@ -52,7 +52,6 @@ class HFSampler:
                 out.append(Completion(text=text, tokens=len(tokens), truncated=tokens[-1] not in eos_ids))
         return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
 
-
     def rows_for(self, max_tokens: int) -> int:
         """Samples a chunk of completions of up to `max_tokens` tokens can hold: their own keys
         and values (each prompt's are kept once) within `CACHE_BYTES`, at most `MAX_ROWS`."""
