@@ -48,8 +48,6 @@ def matmul_gflops(dtype: str, size: int = 2048, seconds: float = 1.0, repeats: i
     products back to back for `seconds`, the best of `repeats` such runs."""
     import torch
 
-    from r1kit import cpu
-
     a = torch.randn(size, size, dtype=getattr(torch, dtype))
     b = torch.randn(size, size, dtype=getattr(torch, dtype))
     products = [lambda: a @ b]

@@ -108,12 +108,13 @@ def packed_linears(model: torch.nn.Module, rows: int, dtype: torch.dtype | None 
     1.1-1.5x in bfloat16 (2 AVX-512 cores). Layers left as they are: subclasses of ``nn.Linear``
     (quantized or adapter layers; an adapter's plain base layer is packed), other dtypes, other
     devices, and any call with autograd on. Costs a copy of the packed weights while inside: for
-    frozen weights only (they are not re-packed when changed)."""
+    frozen weights only (they are not re-packed when changed). Layers already packed by an
+    enclosing call stay as that call packed them."""
     packed = []
     if packing_available():
         for module in model.modules():
             weight = module.weight if type(module) is torch.nn.Linear else None
-            if weight is None or weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
+            if weight is None or "forward" in vars(module) or weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
                 continue
             w = weight.detach().to(dtype or weight.dtype)
             b = None if module.bias is None else module.bias.detach().to(w.dtype)
@@ -149,19 +150,21 @@ def short_attention_in_math():
     (2 cores, bfloat16). Same attention up to rounding; other devices keep SDPA's choice."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from transformers import AttentionInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
 
     def attention(module, query, key, value, attention_mask, **kwargs):
         if query.device.type == "cpu" and key.shape[-2] <= MATH_ATTENTION_UP_TO:
             with sdpa_kernel([SDPBackend.MATH]):
-                return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+                return sdpa(module, query, key, value, attention_mask, **kwargs)
+        return sdpa(module, query, key, value, attention_mask, **kwargs)
 
     AttentionInterface.register("sdpa", attention)
     try:
         yield
     finally:
-        AttentionInterface.register("sdpa", sdpa_attention_forward)
+        AttentionInterface.register("sdpa", sdpa)
 
 
 def _logits(hidden, weight, bias, scale: float, softcap: float | None, inv_t: float):

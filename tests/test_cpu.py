@@ -169,3 +169,16 @@ def test_short_attention_runs_in_math_kernel_and_long_attention_in_sdpas_choice(
         torch.testing.assert_close(outputs[length], before)
     assert backends == [False, True, False, False]
     assert SDPBackend.MATH  # the backend the first call inside ran in
+
+
+@pytest.mark.skipif(not cpu.packing_available(), reason="torch without oneDNN's packed linear kernels")
+def test_packed_linears_nest_without_packing_again():
+    """A call inside another (the sampler packs once, each decoding call again) leaves the layers
+    as the outer call packed them, and they stay packed until the outer call ends."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    with cpu.packed_linears(model, rows=4) as outer:
+        forward = model[0].forward
+        with cpu.packed_linears(model, rows=4, dtype=torch.bfloat16) as inner:
+            assert (outer, inner) == (1, 0) and model[0].forward is forward
+        assert model[0].forward is forward
+    assert "forward" not in vars(model[0])

@@ -102,30 +102,34 @@ class GrowingLayer(DynamicLayer):
             self.keys.shared_prefix = (*self.prefix, self.rows)
         return self.keys, self.values
 
-    def regrow(self, capacity: int, rows: torch.Tensor | None = None) -> None:
-        """New buffers of `capacity` positions holding the row's own cached ones (of batch rows
-        `rows` only, in that order, when given)."""
+    def regrow(self, capacity: int, keep: torch.Tensor | None = None) -> None:
+        """New buffers of `capacity` positions holding the rows' own cached ones (of batch rows
+        `keep` only, in that order, when given)."""
         used = self.own_length()
         keys_t, values = self.buffers
-        if rows is not None:
-            keys_t, values = keys_t[rows], values[rows]
+        if keep is not None:
+            keys_t, values = keys_t[keep], values[keep]
         batch, heads, dim = values.shape[0], values.shape[1], values.shape[-1]
         self.buffers = (values.new_zeros(batch, heads, dim, capacity), values.new_zeros(batch, heads, capacity, dim))
         self.buffers[0][..., :used] = keys_t[..., :used]
         self.buffers[1][:, :, :used] = values[:, :, :used]
         self.keys, self.values = self.buffers[0][..., :used].transpose(-1, -2), self.buffers[1][:, :, :used]
 
-    def share(self, rows: PromptRows, capacity: int, prompts: torch.Tensor | None = None) -> None:
-        """Make the cached positions (of prompt rows `prompts`, when given) the prefix of `rows`,
-        with buffers of `capacity` positions for each row's own. On a layer already shared: keep
-        those prompts' prefixes and the rows' own positions."""
-        if self.prefix is None:  # fresh: no positions of the rows' own yet
-            keys_t, values = self.buffers
-            used = self.own_length()
-            self.prefix = (keys_t[..., :used].contiguous(), values[:, :, :used].contiguous())
-            batch, heads, dim = len(rows.prompt), values.shape[1], values.shape[-1]
-            self.buffers = (values.new_zeros(batch, heads, dim, capacity), values.new_zeros(batch, heads, capacity, dim))
-            self.keys, self.values = self.buffers[0][..., :0].transpose(-1, -2), self.buffers[1][:, :, :0]
+    def share(self, rows: PromptRows, capacity: int) -> None:
+        """Make the cached positions (one batch row a prompt) the prefix of `rows`, with buffers
+        of `capacity` positions for each row's own."""
+        keys_t, values = self.buffers
+        used = self.own_length()
+        self.prefix = (keys_t[..., :used].contiguous(), values[:, :, :used].contiguous())
+        self.rows = rows
+        batch, heads, dim = len(rows.prompt), values.shape[1], values.shape[-1]
+        self.buffers = (values.new_zeros(batch, heads, dim, capacity), values.new_zeros(batch, heads, capacity, dim))
+        self.keys, self.values = self.buffers[0][..., :0].transpose(-1, -2), self.buffers[1][:, :, :0]
+
+    def select(self, keep: torch.Tensor, rows: PromptRows, prompts: torch.Tensor | None, headroom: int) -> None:
+        """Keep batch rows `keep`, now `rows`, with room for `headroom` more positions of their
+        own, and the prefixes of prompts `prompts` only (all when None)."""
+        self.regrow(self.own_length() + headroom, keep)
         if prompts is not None:
             self.prefix = (self.prefix[0][prompts], self.prefix[1][prompts])
         self.rows = rows
@@ -214,8 +218,7 @@ def select_rows(cache: DynamicCache, rows: PromptRows, keep: torch.Tensor, headr
     live = torch.unique(prompt)  # sorted
     kept = PromptRows(torch.searchsorted(live, prompt), len(live))
     for layer in cache.layers:
-        layer.regrow(layer.own_length() + headroom, keep)
-        layer.share(kept, 0, live if len(live) < rows.slots.shape[0] else None)
+        layer.select(keep, kept, live if len(live) < rows.slots.shape[0] else None, headroom)
     return kept
 
 

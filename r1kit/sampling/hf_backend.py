@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from r1kit import cpu
 from r1kit.sampling.base import Completion, SamplingParams
 from r1kit.sampling.decode import BLOCK, Nucleus, decode, greedy
 
@@ -44,12 +45,14 @@ class HFSampler:
         draw = Nucleus(params.temperature, params.top_p).draw if params.temperature > 0 else greedy
         ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
         out: list[Completion] = []
-        for start, chunk in chunks(len(prompts), n, self.batch_size or self.rows_for(params.max_tokens)):
-            torch.manual_seed(params.seed + start)
-            rows = decode(self.model, [ids[p] for p, _ in chunk], [k for _, k in chunk], params.max_tokens, draw, eos_ids, self.tokenizer.pad_token_id)
-            for tokens in rows:
-                text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-                out.append(Completion(text=text, tokens=len(tokens), truncated=tokens[-1] not in eos_ids))
+        batch = self.batch_size or self.rows_for(params.max_tokens)
+        with cpu.packed_linears(self.model, batch):  # once for all chunks: the weights do not change
+            for start, chunk in chunks(len(prompts), n, batch):
+                torch.manual_seed(params.seed + start)
+                rows = decode(self.model, [ids[p] for p, _ in chunk], [k for _, k in chunk], params.max_tokens, draw, eos_ids, self.tokenizer.pad_token_id)
+                for tokens in rows:
+                    text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+                    out.append(Completion(text=text, tokens=len(tokens), truncated=tokens[-1] not in eos_ids))
         return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def rows_for(self, max_tokens: int) -> int:
