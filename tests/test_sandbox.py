@@ -362,9 +362,18 @@ def test_without_root_the_fallbacks_still_decide_and_block_sockets():
         pytest.skip("no Python interpreter the unprivileged user can run")
     sources = [CORRECT, WRONG, "import sys\nsys.exit(0)\n",
                "import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=1)\n"]
-    script = FALLBACK.format(path=str(Path(__file__).parents[1] / "r1kit" / "sandbox.py"), sources=sources)
-    out = subprocess.run([python, "-c", script], user=nobody, group=nobody, extra_groups=[], cwd="/",
-                         capture_output=True, text=True, timeout=60)
+    # A copy the unprivileged user can read: the checkout may sit in a private folder (mktemp -d).
+    readable = Path(tempfile.mkdtemp(prefix="r1kit-sandbox-"))
+    try:
+        readable.chmod(0o755)
+        for name in ("sandbox.py", "sandbox_server.py"):  # the module and the fork server it starts
+            shutil.copy(Path(__file__).parents[1] / "r1kit" / name, readable / name)
+            (readable / name).chmod(0o644)
+        script = FALLBACK.format(path=str(readable / "sandbox.py"), sources=sources)
+        out = subprocess.run([python, "-c", script], user=nobody, group=nobody, extra_groups=[], cwd="/",
+                             capture_output=True, text=True, timeout=60)
+    finally:
+        shutil.rmtree(readable)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["isolation"] == {"user": "caller's uid (not root)", "network": "socket guard (weaker)"}
