@@ -8,6 +8,7 @@ machine's arithmetic limit measured in the same run.
     python bench/sampling.py --model M --warpers          # also transformers' own sampling step
     python bench/sampling.py --model M --generate         # also model.generate instead of r1kit's loop
     python bench/sampling.py --model M --unpacked         # also r1kit's loop with torch's own linear products
+    python bench/sampling.py --model M --model-forward    # also r1kit's loop with the model's forward pass at each step
 
 Prompts are addition questions (r1kit.tasks) in the r1_zero template, sampled at the evaluation
 protocol's temperature 0.6 and top-p 0.95. Each backend is loaded, warmed up on one prompt, then
@@ -20,7 +21,9 @@ ratios. Without vllm installed, only transformers runs. With --warpers, the tran
 also runs with transformers' own sampling step in place of r1kit's `Nucleus` (its temperature and
 top-p warpers, which sort the whole vocabulary, then a draw over all of it), for the ratio; with
 --generate, with ``model.generate`` in place of r1kit's decoding loop (r1kit.sampling.decode);
-with --unpacked, with the loop's linear layers left to torch (no r1kit.cpu.packed_linears).
+with --unpacked, with the loop's linear layers left to torch (no r1kit.cpu.packed_linears); with
+--model-forward, with the model's own forward pass at each decoding step in place of the
+written-out step of Llama-family models (r1kit.sampling.llama_step; the same logits).
 
 On a CPU every backend runs with r1kit's allocator setting (`r1kit.cpu.keep_freed_memory`, as
 `r1kit run` and `r1kit eval` set it), which --system-allocator leaves out.
@@ -37,7 +40,7 @@ import time
 from unittest import mock
 
 from r1kit import cpu, templates
-from r1kit.sampling import SamplingParams, hf_backend, load_sampler, vllm_available
+from r1kit.sampling import SamplingParams, hf_backend, llama_step, load_sampler, vllm_available
 from r1kit.tasks import addition
 
 
@@ -155,6 +158,7 @@ def main() -> None:
     p.add_argument("--warpers", action="store_true", help="also time transformers' own sampling step")
     p.add_argument("--generate", action="store_true", help="also time model.generate in place of r1kit's decoding loop")
     p.add_argument("--unpacked", action="store_true", help="also time r1kit's loop without packed linear layers")
+    p.add_argument("--model-forward", action="store_true", help="also time r1kit's loop with the model's forward pass at each step")
     p.add_argument("--system-allocator", action="store_true", help="leave the C allocator as it is (r1kit's commands keep freed memory on a CPU)")
     args = p.parse_args()
     if not args.system_allocator:
@@ -169,6 +173,7 @@ def main() -> None:
     params = SamplingParams(temperature=0.6, top_p=0.95, max_tokens=args.max_tokens, seed=0)
     backends = ["transformers"] + (["transformers-generate"] if args.generate else []) + (["transformers-warpers"] if args.warpers else [])
     backends += ["transformers-unpacked"] if args.unpacked else []
+    backends += ["transformers-forward"] if args.model_forward else []
     backends += ["vllm"] if vllm_available() else []
     dtypes = args.dtypes.split(",")
     per_token = flops_per_token(model)
@@ -187,6 +192,9 @@ def main() -> None:
                     r = measure("transformers", model, prompts, args.samples, params, args.repeats, dtype)
             elif backend == "transformers-unpacked":
                 with mock.patch.object(cpu, "packed_linears", lambda *a, **k: contextlib.nullcontext()):
+                    r = measure("transformers", model, prompts, args.samples, params, args.repeats, dtype)
+            elif backend == "transformers-forward":
+                with mock.patch.object(llama_step.LlamaStep, "of", classmethod(lambda cls, *a, **k: None)):
                     r = measure("transformers", model, prompts, args.samples, params, args.repeats, dtype)
             elif backend == "transformers-generate":
                 r = measure("transformers", model, prompts, args.samples, params, args.repeats, dtype, wrap=WithGenerate)
@@ -208,6 +216,9 @@ def main() -> None:
         if ("transformers-unpacked", dtype) in results:
             ratio = results["transformers", dtype]["tok_s"] / results["transformers-unpacked", dtype]["tok_s"]
             print(f"transformers with packed linear layers / with torch's own, {dtype}: {ratio:.2f}x tokens per second")
+        if ("transformers-forward", dtype) in results:
+            ratio = results["transformers", dtype]["tok_s"] / results["transformers-forward", dtype]["tok_s"]
+            print(f"transformers with the written-out step / with the model's forward pass, {dtype}: {ratio:.2f}x tokens per second")
         if ("transformers-warpers", dtype) in results:
             ratio = results["transformers", dtype]["tok_s"] / results["transformers-warpers", dtype]["tok_s"]
             print(f"transformers with r1kit's sampling step / with its own, {dtype}: {ratio:.2f}x tokens per second")

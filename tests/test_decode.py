@@ -1,7 +1,8 @@
 """r1kit's decoding loop against transformers' own: greedy tokens equal to ``model.generate``'s over
 prompts of different lengths, several samples a prompt, samples that end early and leave the
-batch, and caches that outgrow their first buffers; its attention equal to SDPA's; the sampler's
-chunks of prompts and samples."""
+batch, and caches that outgrow their first buffers, with the written-out Llama-family step
+(r1kit.sampling.llama_step) and with the model's forward pass at each step; the two steps' logits
+equal bit for bit; its attention equal to SDPA's; the sampler's chunks of prompts and samples."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from r1kit.sampling import decode as decode_lib
+from r1kit.sampling import llama_step
 from r1kit.sampling.decode import Nucleus, decode, decode_attention, greedy
 from r1kit.sampling.hf_backend import chunks
 
@@ -24,6 +26,18 @@ def model_and_tokenizer(cold_start):
     return AutoModelForCausalLM.from_pretrained(cold_start, dtype=torch.float32).eval(), tokenizer
 
 
+@pytest.fixture(params=["written-out step", "model forward"])
+def steps(request, monkeypatch):
+    """Decode with LlamaStep, or with the model's forward pass at each step; the batch widths of
+    the decoding steps."""
+    widths = []
+    if request.param == "model forward":
+        monkeypatch.setattr(llama_step.LlamaStep, "of", classmethod(lambda cls, *a, **kw: None))
+    call = llama_step.LlamaStep.__call__
+    monkeypatch.setattr(llama_step.LlamaStep, "__call__", lambda self, tokens, *a: widths.append(len(tokens)) or call(self, tokens, *a))
+    return request.param, widths
+
+
 def generate_greedy(model, tokenizer, prompts, max_tokens, eos_id):
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     out = model.generate(**enc, max_new_tokens=max_tokens, do_sample=False, eos_token_id=eos_id, pad_token_id=tokenizer.pad_token_id)
@@ -34,7 +48,7 @@ def generate_greedy(model, tokenizer, prompts, max_tokens, eos_id):
 
 
 @pytest.mark.parametrize("max_tokens", [1, 5, 150])  # 150 outgrows the first buffers (BLOCK 64) twice
-def test_greedy_tokens_equal_generate(model_and_tokenizer, max_tokens):
+def test_greedy_tokens_equal_generate(model_and_tokenizer, max_tokens, steps):
     model, tokenizer = model_and_tokenizer
     ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
     assert len({len(i) for i in ids}) == len(ids)  # left padding of every width
@@ -43,7 +57,7 @@ def test_greedy_tokens_equal_generate(model_and_tokenizer, max_tokens):
     assert got == [expected[0]] * 2 + [expected[1]] + [expected[2]] * 3 + [expected[3]]
 
 
-def test_samples_that_end_leave_the_batch_and_the_others_go_on(model_and_tokenizer, monkeypatch):
+def test_samples_that_end_leave_the_batch_and_the_others_go_on(model_and_tokenizer, monkeypatch, steps):
     """With an end token that some prompts reach early, the batch shrinks, and every sample is
     still generate's: the ones that ended stop at their end token, the others run on."""
     model, tokenizer = model_and_tokenizer
@@ -52,7 +66,7 @@ def test_samples_that_end_leave_the_batch_and_the_others_go_on(model_and_tokeniz
     eos = free[0][3]  # prompt 0's fourth token: it ends there; the others end wherever they meet it, if they do
     expected = generate_greedy(model, tokenizer, PROMPTS, 40, eos)
     assert len(expected[0]) == 4 and max(len(r) for r in expected) == 40
-    widths = []
+    widths = steps[1]
     forward = model.forward
     monkeypatch.setattr(model, "forward", lambda *a, **kw: widths.append(kw["input_ids"].shape[0]) or forward(*a, **kw))
     # Prompt 0's one sample ends early, under a quarter of the batch: its row runs on, ignored,
@@ -60,8 +74,69 @@ def test_samples_that_end_leave_the_batch_and_the_others_go_on(model_and_tokeniz
     counts = [1, 8, 5, 1]
     got = decode(model, ids, counts, 40, greedy, {eos}, tokenizer.pad_token_id)
     assert got == [row for row, k in zip(expected, counts) for _ in range(k)]
-    assert widths[0] == 4  # one prefill row a prompt
+    assert widths[0] == 4  # one prefill row a prompt (the model's forward pass in both cases)
+    assert len(widths) == 40  # the prefill, then a decoding step for each token after the first
     assert widths[1:] == sorted(widths[1:], reverse=True) and widths[-1] < sum(counts)  # ended rows left
+
+
+def llama(**overrides):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = {"vocab_size": 300, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "tie_word_embeddings": True, "pad_token_id": 0}
+    return LlamaForCausalLM(LlamaConfig(**config | overrides)).eval()
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16", "float32 under bfloat16 autocast"])
+@pytest.mark.parametrize("arch", ["qwen2 (the tiny model)", "llama"])
+def test_written_out_step_gives_the_model_forward_logits_bit_for_bit(model_and_tokenizer, monkeypatch, precision, arch):
+    """Every decoding step's logits, through rows leaving the batch and buffers regrowing, are
+    the ones the model's forward pass gives: the same products in the same precision (keys and
+    values kept in the autocast dtype, as autocast casts them for each product)."""
+    model = model_and_tokenizer[0] if arch.startswith("qwen2") else llama()
+    model = model.to(torch.bfloat16) if precision == "bfloat16" else model
+    prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
+    assert llama_step.LlamaStep.of(model, 8) is not None
+
+    def run():
+        seen = []
+        torch.manual_seed(0)
+
+        def draw(logits):
+            seen.append(logits.clone())
+            tokens = Nucleus(1.0, 1.0).draw(logits)
+            tokens[: len(seen) % 3] = 1  # some rows end at each step: the batch shrinks
+            return tokens
+
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled="autocast" in precision):
+            decode(model, prompts, [3, 2, 3], 40, draw, {1}, 0)
+        return seen
+
+    ours = run()
+    with monkeypatch.context() as m:
+        m.setattr(llama_step.LlamaStep, "of", classmethod(lambda cls, *a, **kw: None))
+        theirs = run()
+    assert len(ours) == len(theirs) > 5 and ours[-1].shape[0] < 8
+    assert ours[-1].dtype == (torch.float32 if precision == "float32" else torch.bfloat16)
+    for a, b in zip(ours, theirs):
+        assert torch.equal(a, b)
+
+
+def test_written_out_step_leaves_other_models_to_their_forward_pass(model_and_tokenizer):
+    from peft import LoraConfig, get_peft_model
+    from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+
+    assert llama_step.LlamaStep.of(llama(), 4) is not None
+    adapted = get_peft_model(llama(), LoraConfig(r=4, target_modules=["q_proj", "v_proj"])).base_model.model
+    assert llama_step.LlamaStep.of(adapted, 4) is None  # adapter layers
+    sliding = Qwen2ForCausalLM(Qwen2Config(vocab_size=100, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                                            num_attention_heads=2, num_key_value_heads=2, use_sliding_window=True, sliding_window=8,
+                                            max_window_layers=0))
+    assert "sliding_attention" in sliding.config.layer_types and llama_step.LlamaStep.of(sliding, 4) is None
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=100, n_embd=32, n_layer=1, n_head=2))
+    assert llama_step.LlamaStep.of(gpt2, 4) is None
+    assert llama_step.LlamaStep.of(llama(hidden_act="gelu"), 4) is None
 
 
 def test_decode_attention_equals_sdpa_on_buffer_views():

@@ -20,12 +20,14 @@ SmolLM2-135M, see bench/sampling.py):
   padding mask, and are slow with one query a row);
 - on a CPU the linear layers multiply by weights packed once per call in oneDNN's layout
   (`r1kit.cpu.packed_linears`), in the autocast dtype inside an autocast region;
+- for Llama-family models each step after the prefill is written out
+  (r1kit.sampling.llama_step: the forward pass's logits, in far fewer operations);
 - rows whose sample has ended leave the batch (once a quarter of it has ended);
 - `Nucleus` draws temperature / top-p samples from the few most likely tokens instead of
   sorting the whole vocabulary at every step.
 
-The model's own forward pass does the work: any decoder-only transformers model whose attention
-goes through transformers' attention interface and cache layers (Llama, Qwen2, Mistral, ...).
+Otherwise the model's own forward pass does the work: any decoder-only transformers model whose
+attention goes through transformers' attention interface and cache layers.
 Greedy output equals ``model.generate``'s in float32 (a test checks it). Not here: beam search,
 repetition penalties, top-k / min-p, stop strings, or multimodal inputs.
 """
@@ -42,6 +44,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from r1kit import cpu
+from r1kit.sampling.llama_step import LlamaStep
 
 BLOCK = 16  # positions a row's buffers grow by: one copy of its own positions per BLOCK decoding steps
 
@@ -115,15 +118,16 @@ class GrowingLayer(DynamicLayer):
         self.buffers[1][:, :, :used] = values[:, :, :used]
         self.keys, self.values = self.buffers[0][..., :used].transpose(-1, -2), self.buffers[1][:, :, :used]
 
-    def share(self, rows: PromptRows, capacity: int) -> None:
+    def share(self, rows: PromptRows, capacity: int, dtype: torch.dtype | None = None) -> None:
         """Make the cached positions (one batch row a prompt) the prefix of `rows`, with buffers
-        of `capacity` positions for each row's own."""
+        of `capacity` positions for each row's own; all in `dtype` if given."""
         keys_t, values = self.buffers
         used = self.own_length()
-        self.prefix = (keys_t[..., :used].contiguous(), values[:, :, :used].contiguous())
+        dtype = dtype or values.dtype
+        self.prefix = (keys_t[..., :used].to(dtype).contiguous(), values[:, :, :used].to(dtype).contiguous())
         self.rows = rows
         batch, heads, dim = len(rows.prompt), values.shape[1], values.shape[-1]
-        self.buffers = (values.new_zeros(batch, heads, dim, capacity), values.new_zeros(batch, heads, capacity, dim))
+        self.buffers = (values.new_zeros(batch, heads, dim, capacity, dtype=dtype), values.new_zeros(batch, heads, capacity, dim, dtype=dtype))
         self.keys, self.values = self.buffers[0][..., :0].transpose(-1, -2), self.buffers[1][:, :, :0]
 
     def select(self, keep: torch.Tensor, rows: PromptRows, prompts: torch.Tensor | None, headroom: int) -> None:
@@ -244,12 +248,13 @@ def decode(
     cache.layers = [GrowingLayer() for _ in range(model.config.get_text_config(decoder=True).num_hidden_layers)]
     autocast = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
     with decoding_attention(model), cpu.packed_linears(model, sum(counts), autocast):
+        lean = LlamaStep.of(model, sum(counts), autocast)  # None: the model's forward pass decodes
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, logits_to_keep=1)
         # Each prompt's row once per sample: the prompt's cached positions shared, mask, positions and logits.
         rows = torch.repeat_interleave(torch.arange(len(prompts), device=device), torch.tensor(counts, device=device))
         shared = PromptRows(rows, len(prompts))
         for layer in cache.layers:
-            layer.share(shared, min(BLOCK, max_tokens))
+            layer.share(shared, min(BLOCK, max_tokens), autocast if lean else None)
         logits, positions = out.logits[rows, -1], positions[rows, -1:]
         mask = torch.cat([mask[rows], mask.new_ones(len(rows), max_tokens)], dim=1)  # a slice of it per step
         eos = torch.tensor(sorted(eos_ids), device=device)
@@ -271,9 +276,11 @@ def decode(
                 live, tokens, mask, positions, ended = live[keep], tokens[keep], mask[keep], positions[keep], ended[keep]
                 shared = select_rows(cache, shared, keep, BLOCK)
             positions = positions + 1
-            logits = model(
-                input_ids=tokens[:, None], attention_mask=mask[:, : width + step + 1], position_ids=positions, past_key_values=cache
-            ).logits[:, -1]
+            attend = mask[:, : width + step + 1]
+            if lean is not None:
+                logits = lean(tokens, positions, attend, cache)
+            else:
+                logits = model(input_ids=tokens[:, None], attention_mask=attend, position_ids=positions, past_key_values=cache).logits[:, -1]
     return samples
 
 

@@ -1,0 +1,135 @@
+"""One decoding step of a Llama-family model (Llama, Qwen2, Mistral without a sliding window),
+written out for one new token a row: what r1kit's decoding loop (r1kit.sampling.decode) runs after
+the prefill for these models.
+
+    step = LlamaStep.of(model)   # None: the model's own forward pass does the step
+    logits = step(tokens, positions, attend, cache)   # [B] tokens, [B, 1] positions, [B, L] mask
+
+The same products in the same precision at each point as the model's forward pass (under
+autocast too: the norms and the residual stream in the weights' dtype, the products, keys and
+values in the autocast dtype), with the modules' own weights (packed by r1kit.cpu.packed_linears
+where the loop packs them) and transformers' own rotary embedding: the logits are the forward
+pass's bit for bit (a test compares every step's in float32, bfloat16 and under autocast). What it
+leaves out is the machinery around the products: per token and layer the forward pass runs some
+hundred small operations (module calls, reshapes, autocast's casts of the activations and of the
+cached keys and values at each product), which on a CPU cost about as much as the products for a
+small model at a few dozen rows. Here a layer is some forty operations with autocast off: the
+query, key and value projections are one product, as are the gate and up projections (their
+weights side by side, packed once per decoding call: another copy of those weights while it runs;
+oneDNN's outputs are the same bit for bit as the separate products'), and keys and values are
+cached in the precision of the products. On SmolLM2-135M, 128 samples of 64 tokens on 2 cores,
+decoding ran 1.16-1.18x as fast as with the forward pass (bench/sampling.py --model-forward).
+
+Not here: the prefill (several tokens a row), sliding-window or other attention variants, any
+model whose layers are not plain ``nn.Linear`` (adapters, quantized layers): `of` returns None
+for them and the loop uses the model's forward pass.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from r1kit import cpu
+
+MODEL_TYPES = ("llama", "qwen2", "mistral")
+PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+class LlamaStep:
+    """A decoding step of `model` (see the module); build it with `of`."""
+
+    def __init__(self, model, rows: int, dtype: torch.dtype | None):
+        self.model = model
+        self.qkv = [_Joined([layer.self_attn.get_submodule(n) for n in ("q_proj", "k_proj", "v_proj")], rows, dtype) for layer in model.model.layers]
+        self.gate_up = [_Joined([layer.mlp.gate_proj, layer.mlp.up_proj], rows, dtype) for layer in model.model.layers]
+        config = model.config
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.scaling = self.dim**-0.5
+
+    @classmethod
+    def of(cls, model, rows: int, dtype: torch.dtype | None = None) -> LlamaStep | None:
+        """The step for `model`, for batches of about `rows` rows with products in `dtype` (else
+        the weights' own), or None where the model's forward pass must do it."""
+        config = getattr(model, "config", None)
+        if getattr(config, "model_type", None) not in MODEL_TYPES or type(model).__name__ not in ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"):
+            return None
+        if config.hidden_act != "silu" or getattr(config, "pretraining_tp", 1) != 1 or "sliding_attention" in (getattr(config, "layer_types", None) or ()):
+            return None
+        if config.model_type == "mistral" and getattr(config, "sliding_window", None) is not None:
+            return None
+        layers = model.model.layers
+        linears = [layer.get_submodule(name) for layer in layers for name in PROJECTIONS] + [model.lm_head]
+        if any(type(m) is not torch.nn.Linear for m in linears) or type(model.model.embed_tokens) is not torch.nn.Embedding:
+            return None
+        return cls(model, rows, dtype)
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor, cache) -> torch.Tensor:
+        """Logits [B, V] after `tokens` [B] at `positions` [B, 1], each row attending to the
+        positions where `attend` [B, L] is nonzero; their keys and values go into `cache` (a
+        DynamicCache of r1kit.sampling.decode's GrowingLayers)."""
+        from r1kit.sampling.decode import decode_attention
+
+        autocast = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+        inner = self.model.model
+        with torch.autocast("cpu", enabled=False):
+            x = inner.embed_tokens(tokens)  # [B, hidden], the residual stream in the weights' dtype
+            compute = autocast or x.dtype
+            cos, sin = inner.rotary_emb(x[:, None], positions)  # [B, 1, D] each, in x's dtype
+            mask = attend[:, None, None, :].bool()
+            rows, qk = len(tokens), self.heads + self.kv_heads
+            for i, layer in enumerate(inner.layers):
+                attn, mlp = layer.self_attn, layer.mlp
+                h = _norm(x, layer.input_layernorm).to(compute)  # once for the three products
+                qkv = self.qkv[i](h).view(rows, qk + self.kv_heads, self.dim)
+                qk_rot = _rotate(qkv[:, :qk], cos, sin).to(compute)
+                keys, values = cache.layers[i].update(qk_rot[:, self.heads :, None], qkv[:, qk:, None])
+                out, _ = decode_attention(attn, qk_rot[:, : self.heads, None], keys, values, mask, scaling=self.scaling)
+                x = x + _linear(attn.o_proj, out.view(rows, -1), compute)
+                h = _norm(x, layer.post_attention_layernorm).to(compute)
+                gate, up = self.gate_up[i](h).chunk(2, dim=-1)
+                x = x + _linear(mlp.down_proj, torch.nn.functional.silu(gate) * up, compute)
+            return _linear(self.model.lm_head, _norm(x, inner.norm), compute)
+
+
+def _norm(x: torch.Tensor, norm) -> torch.Tensor:
+    """transformers' RMSNorm: in float32, back to x's dtype, times the weight."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+    return norm.weight * h.to(x.dtype)
+
+
+def _linear(module: torch.nn.Linear, x: torch.Tensor, compute: torch.dtype) -> torch.Tensor:
+    """The layer's product in `compute` (its packed forward where r1kit.cpu packed it)."""
+    if "forward" in vars(module):  # packed: casts x itself
+        return module.forward(x)
+    return torch.nn.functional.linear(x.to(compute), module.weight.to(compute), None if module.bias is None else module.bias.to(compute))
+
+
+class _Joined:
+    """Linear layers that read the same input, as one product: their weights side by side, packed
+    once by oneDNN where torch has it (the outputs are the same, bit for bit, as the layers' own
+    packed products)."""
+
+    def __init__(self, modules: list[torch.nn.Linear], rows: int, dtype: torch.dtype | None):
+        self.modules = modules
+        self.weight = torch.cat([m.weight.detach() for m in modules]).to(dtype or modules[0].weight.dtype)
+        biases = [m.bias for m in modules]
+        self.bias = None if all(b is None for b in biases) else torch.cat([
+            (b.detach() if b is not None else m.weight.new_zeros(m.out_features)) for b, m in zip(biases, modules)
+        ]).to(self.weight.dtype)
+        self.packed = cpu.packing_available() and self.weight.device.type == "cpu"
+        if self.packed:
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(self.weight, rows)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(self.weight.dtype)
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' rotary embedding of `x` [B, heads, D] (x * cos + rotate_half(x) * sin)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
