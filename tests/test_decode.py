@@ -97,7 +97,7 @@ def test_written_out_step_gives_the_model_forward_logits_bit_for_bit(model_and_t
     model = model_and_tokenizer[0] if arch.startswith("qwen2") else llama()
     model = model.to(torch.bfloat16) if precision == "bfloat16" else model
     prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
-    assert llama_step.LlamaStep.of(model, 8) is not None
+    assert llama_step.LlamaStep.of(model, 8, decode_attention) is not None
 
     def run():
         seen = []
@@ -127,16 +127,16 @@ def test_written_out_step_leaves_other_models_to_their_forward_pass(model_and_to
     from peft import LoraConfig, get_peft_model
     from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
-    assert llama_step.LlamaStep.of(llama(), 4) is not None
+    assert llama_step.LlamaStep.of(llama(), 4, decode_attention) is not None
     adapted = get_peft_model(llama(), LoraConfig(r=4, target_modules=["q_proj", "v_proj"])).base_model.model
-    assert llama_step.LlamaStep.of(adapted, 4) is None  # adapter layers
+    assert llama_step.LlamaStep.of(adapted, 4, decode_attention) is None  # adapter layers
     sliding = Qwen2ForCausalLM(Qwen2Config(vocab_size=100, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
                                             num_attention_heads=2, num_key_value_heads=2, use_sliding_window=True, sliding_window=8,
                                             max_window_layers=0))
-    assert "sliding_attention" in sliding.config.layer_types and llama_step.LlamaStep.of(sliding, 4) is None
+    assert "sliding_attention" in sliding.config.layer_types and llama_step.LlamaStep.of(sliding, 4, decode_attention) is None
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=100, n_embd=32, n_layer=1, n_head=2))
-    assert llama_step.LlamaStep.of(gpt2, 4) is None
-    assert llama_step.LlamaStep.of(llama(hidden_act="gelu"), 4) is None
+    assert llama_step.LlamaStep.of(gpt2, 4, decode_attention) is None
+    assert llama_step.LlamaStep.of(llama(hidden_act="gelu"), 4, decode_attention) is None
 
 
 def test_decode_attention_equals_sdpa_on_buffer_views():

@@ -248,7 +248,7 @@ def decode(
     cache.layers = [GrowingLayer() for _ in range(model.config.get_text_config(decoder=True).num_hidden_layers)]
     autocast = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
     with decoding_attention(model), cpu.packed_linears(model, sum(counts), autocast):
-        lean = LlamaStep.of(model, sum(counts), autocast)  # None: the model's forward pass decodes
+        lean = LlamaStep.of(model, sum(counts), decode_attention, autocast)  # None: the model's forward pass decodes
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, logits_to_keep=1)
         # Each prompt's row once per sample: the prompt's cached positions shared, mask, positions and logits.
         rows = torch.repeat_interleave(torch.arange(len(prompts), device=device), torch.tensor(counts, device=device))

@@ -2,7 +2,7 @@
 written out for one new token a row: what r1kit's decoding loop (r1kit.sampling.decode) runs after
 the prefill for these models.
 
-    step = LlamaStep.of(model)   # None: the model's own forward pass does the step
+    step = LlamaStep.of(model, rows=128, attention=decode_attention)   # None: the model's forward pass does it
     logits = step(tokens, positions, attend, cache)   # [B] tokens, [B, 1] positions, [B, L] mask
 
 The same products in the same precision at each point as the model's forward pass (under
@@ -18,7 +18,8 @@ query, key and value projections are one product, as are the gate and up project
 weights side by side, packed once per decoding call: another copy of those weights while it runs;
 oneDNN's outputs are the same bit for bit as the separate products'), and keys and values are
 cached in the precision of the products. On SmolLM2-135M, 128 samples of 64 tokens on 2 cores,
-decoding ran 1.16-1.18x as fast as with the forward pass (bench/sampling.py --model-forward).
+decoding ran 1.03-1.18x as fast as with the forward pass in float32 and 1.12-1.16x in bfloat16
+(bench/sampling.py --model-forward, two runs).
 
 Not here: the prefill (several tokens a row), sliding-window or other attention variants, any
 model whose layers are not plain ``nn.Linear`` (adapters, quantized layers): `of` returns None
@@ -29,8 +30,6 @@ from __future__ import annotations
 
 import torch
 
-from r1kit import cpu
-
 MODEL_TYPES = ("llama", "qwen2", "mistral")
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
@@ -38,8 +37,8 @@ PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self
 class LlamaStep:
     """A decoding step of `model` (see the module); build it with `of`."""
 
-    def __init__(self, model, rows: int, dtype: torch.dtype | None):
-        self.model = model
+    def __init__(self, model, rows: int, attention, dtype: torch.dtype | None):
+        self.model, self.attention = model, attention
         self.qkv = [_Joined([layer.self_attn.get_submodule(n) for n in ("q_proj", "k_proj", "v_proj")], rows, dtype) for layer in model.model.layers]
         self.gate_up = [_Joined([layer.mlp.gate_proj, layer.mlp.up_proj], rows, dtype) for layer in model.model.layers]
         config = model.config
@@ -48,9 +47,11 @@ class LlamaStep:
         self.scaling = self.dim**-0.5
 
     @classmethod
-    def of(cls, model, rows: int, dtype: torch.dtype | None = None) -> LlamaStep | None:
+    def of(cls, model, rows: int, attention, dtype: torch.dtype | None = None) -> LlamaStep | None:
         """The step for `model`, for batches of about `rows` rows with products in `dtype` (else
-        the weights' own), or None where the model's forward pass must do it."""
+        the weights' own), attending with `attention` (a transformers attention function for one
+        query a row, reading the cache's key and value views: r1kit.sampling.decode's
+        decode_attention), or None where the model's forward pass must do it."""
         config = getattr(model, "config", None)
         if getattr(config, "model_type", None) not in MODEL_TYPES or type(model).__name__ not in ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"):
             return None
@@ -62,14 +63,12 @@ class LlamaStep:
         linears = [layer.get_submodule(name) for layer in layers for name in PROJECTIONS] + [model.lm_head]
         if any(type(m) is not torch.nn.Linear for m in linears) or type(model.model.embed_tokens) is not torch.nn.Embedding:
             return None
-        return cls(model, rows, dtype)
+        return cls(model, rows, attention, dtype)
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor, cache) -> torch.Tensor:
         """Logits [B, V] after `tokens` [B] at `positions` [B, 1], each row attending to the
         positions where `attend` [B, L] is nonzero; their keys and values go into `cache` (a
         DynamicCache of r1kit.sampling.decode's GrowingLayers)."""
-        from r1kit.sampling.decode import decode_attention
-
         autocast = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
         inner = self.model.model
         with torch.autocast("cpu", enabled=False):
@@ -84,7 +83,7 @@ class LlamaStep:
                 qkv = self.qkv[i](h).view(rows, qk + self.kv_heads, self.dim)
                 qk_rot = _rotate(qkv[:, :qk], cos, sin).to(compute)
                 keys, values = cache.layers[i].update(qk_rot[:, self.heads :, None], qkv[:, qk:, None])
-                out, _ = decode_attention(attn, qk_rot[:, : self.heads, None], keys, values, mask, scaling=self.scaling)
+                out, _ = self.attention(attn, qk_rot[:, : self.heads, None], keys, values, mask, scaling=self.scaling)
                 x = x + _linear(attn.o_proj, out.view(rows, -1), compute)
                 h = _norm(x, layer.post_attention_layernorm).to(compute)
                 gate, up = self.gate_up[i](h).chunk(2, dim=-1)
@@ -108,8 +107,8 @@ def _linear(module: torch.nn.Linear, x: torch.Tensor, compute: torch.dtype) -> t
 
 class _Joined:
     """Linear layers that read the same input, as one product: their weights side by side, packed
-    once by oneDNN where torch has it (the outputs are the same, bit for bit, as the layers' own
-    packed products)."""
+    once by oneDNN where r1kit.cpu.packed_linears packed the layers (the outputs are the same, bit
+    for bit, as the layers' own packed products), else multiplied by torch."""
 
     def __init__(self, modules: list[torch.nn.Linear], rows: int, dtype: torch.dtype | None):
         self.modules = modules
@@ -118,7 +117,7 @@ class _Joined:
         self.bias = None if all(b is None for b in biases) else torch.cat([
             (b.detach() if b is not None else m.weight.new_zeros(m.out_features)) for b, m in zip(biases, modules)
         ]).to(self.weight.dtype)
-        self.packed = cpu.packing_available() and self.weight.device.type == "cpu"
+        self.packed = "forward" in vars(modules[0])  # packed by packed_linears
         if self.packed:
             self.weight = torch.ops.mkldnn._reorder_linear_weight(self.weight, rows)
 
