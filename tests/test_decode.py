@@ -88,12 +88,18 @@ def llama(**overrides):
     return LlamaForCausalLM(LlamaConfig(**config | overrides)).eval()
 
 
+@pytest.mark.parametrize("packed", [True, False])
 @pytest.mark.parametrize("precision", ["float32", "bfloat16", "float32 under bfloat16 autocast"])
 @pytest.mark.parametrize("arch", ["qwen2 (the tiny model)", "llama"])
-def test_written_out_step_gives_the_model_forward_logits_bit_for_bit(model_and_tokenizer, monkeypatch, precision, arch):
+def test_written_out_step_gives_the_model_forward_logits_bit_for_bit(model_and_tokenizer, monkeypatch, precision, arch, packed):
     """Every decoding step's logits, through rows leaving the batch and buffers regrowing, are
     the ones the model's forward pass gives: the same products in the same precision (keys and
-    values kept in the autocast dtype, as autocast casts them for each product)."""
+    values kept in the autocast dtype, as autocast casts them for each product), with oneDNN's
+    packed products (r1kit.cpu.packed_linears) and with torch's own."""
+    from r1kit import cpu
+
+    if not packed:
+        monkeypatch.setattr(cpu, "packing_available", lambda: False)
     model = model_and_tokenizer[0] if arch.startswith("qwen2") else llama()
     model = model.to(torch.bfloat16) if precision == "bfloat16" else model
     prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]

@@ -15,8 +15,9 @@ hundred small operations (module calls, reshapes, autocast's casts of the activa
 cached keys and values at each product), which on a CPU cost about as much as the products for a
 small model at a few dozen rows. Here a layer is some forty operations with autocast off: the
 query, key and value projections are one product, as are the gate and up projections (their
-weights side by side, packed once per decoding call: another copy of those weights while it runs;
-oneDNN's outputs are the same bit for bit as the separate products'), and keys and values are
+weights side by side, packed once per decoding call where the loop packs weights: another copy of
+those weights while it runs; oneDNN's outputs are the same bit for bit as the separate products'),
+and keys and values are
 cached in the precision of the products. On SmolLM2-135M, 128 samples of 64 tokens on 2 cores,
 decoding ran 1.03-1.18x as fast as with the forward pass in float32 and 1.12-1.16x in bfloat16
 (bench/sampling.py --model-forward, two runs).
@@ -80,13 +81,13 @@ class LlamaStep:
             for i, layer in enumerate(inner.layers):
                 attn, mlp = layer.self_attn, layer.mlp
                 h = _norm(x, layer.input_layernorm).to(compute)  # once for the three products
-                qkv = self.qkv[i](h).view(rows, qk + self.kv_heads, self.dim)
+                qkv = self.qkv[i](h, compute).view(rows, qk + self.kv_heads, self.dim)
                 qk_rot = _rotate(qkv[:, :qk], cos, sin).to(compute)
                 keys, values = cache.layers[i].update(qk_rot[:, self.heads :, None], qkv[:, qk:, None])
                 out, _ = self.attention(attn, qk_rot[:, : self.heads, None], keys, values, mask, scaling=self.scaling)
                 x = x + _linear(attn.o_proj, out.view(rows, -1), compute)
                 h = _norm(x, layer.post_attention_layernorm).to(compute)
-                gate, up = self.gate_up[i](h).chunk(2, dim=-1)
+                gate, up = self.gate_up[i](h, compute).chunk(2, dim=-1)
                 x = x + _linear(mlp.down_proj, torch.nn.functional.silu(gate) * up, compute)
             return _linear(self.model.lm_head, _norm(x, inner.norm), compute)
 
@@ -106,26 +107,25 @@ def _linear(module: torch.nn.Linear, x: torch.Tensor, compute: torch.dtype) -> t
 
 
 class _Joined:
-    """Linear layers that read the same input, as one product: their weights side by side, packed
-    once by oneDNN where r1kit.cpu.packed_linears packed the layers (the outputs are the same, bit
-    for bit, as the layers' own packed products), else multiplied by torch."""
+    """Linear layers that read the same input, as one product: where r1kit.cpu.packed_linears
+    packed the layers, their weights side by side, packed once by oneDNN (another copy of those
+    weights; the outputs are the same, bit for bit, as the layers' own packed products); elsewhere
+    (a GPU, a torch without oneDNN) each layer's own product, the outputs side by side."""
 
     def __init__(self, modules: list[torch.nn.Linear], rows: int, dtype: torch.dtype | None):
-        self.modules = modules
-        self.weight = torch.cat([m.weight.detach() for m in modules]).to(dtype or modules[0].weight.dtype)
-        biases = [m.bias for m in modules]
-        self.bias = None if all(b is None for b in biases) else torch.cat([
-            (b.detach() if b is not None else m.weight.new_zeros(m.out_features)) for b, m in zip(biases, modules)
-        ]).to(self.weight.dtype)
-        self.packed = "forward" in vars(modules[0])  # packed by packed_linears
-        if self.packed:
-            self.weight = torch.ops.mkldnn._reorder_linear_weight(self.weight, rows)
+        self.modules, self.weight = modules, None
+        if "forward" in vars(modules[0]):  # packed by packed_linears
+            weight = torch.cat([m.weight.detach() for m in modules]).to(dtype or modules[0].weight.dtype)
+            biases = [m.bias for m in modules]
+            self.bias = None if all(b is None for b in biases) else torch.cat([
+                (b.detach() if b is not None else m.weight.new_zeros(m.out_features)) for b, m in zip(biases, modules)
+            ]).to(weight.dtype)
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(self.weight.dtype)
-        if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        return torch.nn.functional.linear(x, self.weight, self.bias)
+    def __call__(self, x: torch.Tensor, compute: torch.dtype) -> torch.Tensor:
+        if self.weight is None:
+            return torch.cat([_linear(m, x, compute) for m in self.modules], dim=-1)
+        return torch.ops.mkldnn._linear_pointwise(x.to(self.weight.dtype), self.weight, self.bias, "none", [], "")
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
