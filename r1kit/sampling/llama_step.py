@@ -19,8 +19,8 @@ weights side by side, packed once per decoding call where the loop packs weights
 those weights while it runs; oneDNN's outputs are the same bit for bit as the separate products'),
 and keys and values are
 cached in the precision of the products. On SmolLM2-135M, 128 samples of 64 tokens on 2 cores,
-decoding ran 1.03-1.18x as fast as with the forward pass in float32 and 1.12-1.16x in bfloat16
-(bench/sampling.py --model-forward, two runs).
+decoding ran 1.03-1.18x as fast as with the forward pass in float32 and 1.12-1.16x in bfloat16,
+and 1.06-1.15x with 16 samples of 32 tokens (bench/sampling.py --model-forward, two runs each).
 
 Not here: the prefill (several tokens a row), sliding-window or other attention variants, any
 model whose layers are not plain ``nn.Linear`` (adapters, quantized layers): `of` returns None
