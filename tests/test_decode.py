@@ -2,7 +2,7 @@
 prompts of different lengths, several samples a prompt, samples that end early and leave the
 batch, and caches that outgrow their first buffers, with the written-out Llama-family step
 (r1kit.sampling.llama_step) and with the model's forward pass at each step; the two steps' logits
-equal bit for bit; its attention equal to SDPA's; the sampler's chunks of prompts and samples."""
+equal; its attention equal to SDPA's; the sampler's chunks of prompts and samples."""
 
 from __future__ import annotations
 
@@ -91,27 +91,30 @@ def llama(**overrides):
 @pytest.mark.parametrize("packed", [True, False])
 @pytest.mark.parametrize("precision", ["float32", "bfloat16", "float32 under bfloat16 autocast"])
 @pytest.mark.parametrize("arch", ["qwen2 (the tiny model)", "llama"])
-def test_written_out_step_gives_the_model_forward_logits_bit_for_bit(model_and_tokenizer, monkeypatch, precision, arch, packed):
+def test_written_out_step_gives_the_model_forward_logits(model_and_tokenizer, monkeypatch, precision, arch, packed):
     """Every decoding step's logits, through rows leaving the batch and buffers regrowing, are
     the ones the model's forward pass gives: the same products in the same precision (keys and
-    values kept in the autocast dtype, as autocast casts them for each product), with oneDNN's
-    packed products (r1kit.cpu.packed_linears) and with torch's own."""
+    values kept in the autocast dtype, as autocast casts them for each product). Bit for bit with
+    torch's own products; with oneDNN's packed ones (r1kit.cpu.packed_linears) the step joins the
+    q/k/v and gate/up products, which oneDNN does not promise to round as the separate ones, so
+    there within rounding."""
+    import copy
+
     from r1kit import cpu
 
     if not packed:
         monkeypatch.setattr(cpu, "packing_available", lambda: False)
-    model = model_and_tokenizer[0] if arch.startswith("qwen2") else llama()
+    model = copy.deepcopy(model_and_tokenizer[0]) if arch.startswith("qwen2") else llama()
     model = model.to(torch.bfloat16) if precision == "bfloat16" else model
     prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
     assert llama_step.LlamaStep.of(model, 8, decode_attention) is not None
 
     def run():
-        seen = []
-        torch.manual_seed(0)
+        seen, picks = [], torch.Generator().manual_seed(0)
 
-        def draw(logits):
+        def draw(logits):  # the same tokens both ways, whatever the logits
             seen.append(logits.clone())
-            tokens = Nucleus(1.0, 1.0).draw(logits)
+            tokens = torch.randint(2, logits.shape[-1], (len(logits),), generator=picks)
             tokens[: len(seen) % 3] = 1  # some rows end at each step: the batch shrinks
             return tokens
 
@@ -125,8 +128,12 @@ def test_written_out_step_gives_the_model_forward_logits_bit_for_bit(model_and_t
         theirs = run()
     assert len(ours) == len(theirs) > 5 and ours[-1].shape[0] < 8
     assert ours[-1].dtype == (torch.float32 if precision == "float32" else torch.bfloat16)
+    rounding = {"rtol": 1e-4, "atol": 1e-4} if precision == "float32" else {"rtol": 0.02, "atol": 0.02}
     for a, b in zip(ours, theirs):
-        assert torch.equal(a, b)
+        if packed:
+            torch.testing.assert_close(a, b, **rounding)
+        else:
+            assert torch.equal(a, b)
 
 
 def test_written_out_step_leaves_other_models_to_their_forward_pass(model_and_tokenizer):

@@ -9,15 +9,16 @@ The same products in the same precision at each point as the model's forward pas
 autocast too: the norms and the residual stream in the weights' dtype, the products, keys and
 values in the autocast dtype), with the modules' own weights (packed by r1kit.cpu.packed_linears
 where the loop packs them) and transformers' own rotary embedding: the logits are the forward
-pass's bit for bit (a test compares every step's in float32, bfloat16 and under autocast). What it
+pass's bit for bit with torch's own products (a test compares every step's in float32, bfloat16
+and under autocast), and were so with oneDNN's joined products on the 2-core machine measured
+(oneDNN does not promise it; the test allows rounding there). What it
 leaves out is the machinery around the products: per token and layer the forward pass runs some
 hundred small operations (module calls, reshapes, autocast's casts of the activations and of the
 cached keys and values at each product), which on a CPU cost about as much as the products for a
 small model at a few dozen rows. Here a layer is some forty operations with autocast off: the
 query, key and value projections are one product, as are the gate and up projections (their
 weights side by side, packed once per decoding call where the loop packs weights: another copy of
-those weights while it runs; oneDNN's outputs are the same bit for bit as the separate products'),
-and keys and values are
+those weights while it runs), and keys and values are
 cached in the precision of the products. On SmolLM2-135M, 128 samples of 64 tokens on 2 cores,
 decoding ran 1.03-1.18x as fast as with the forward pass in float32 and 1.12-1.16x in bfloat16,
 and 1.06-1.15x with 16 samples of 32 tokens (bench/sampling.py --model-forward, two runs each).
@@ -109,7 +110,8 @@ def _linear(module: torch.nn.Linear, x: torch.Tensor, compute: torch.dtype) -> t
 class _Joined:
     """Linear layers that read the same input, as one product: where r1kit.cpu.packed_linears
     packed the layers, their weights side by side, packed once by oneDNN (another copy of those
-    weights; the outputs are the same, bit for bit, as the layers' own packed products); elsewhere
+    weights; on the machine measured the outputs were the layers' own packed products bit for bit,
+    at 16 to 128 rows, in float32 and bfloat16); elsewhere
     (a GPU, a torch without oneDNN) each layer's own product, the outputs side by side."""
 
     def __init__(self, modules: list[torch.nn.Linear], rows: int, dtype: torch.dtype | None):
