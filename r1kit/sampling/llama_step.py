@@ -8,7 +8,7 @@ the prefill for these models.
 The same products in the same precision at each point as the model's forward pass (under
 autocast too: the norms and the residual stream in the weights' dtype, the products, keys and
 values in the autocast dtype), with the modules' own weights (packed by r1kit.cpu.packed_linears
-where the loop packs them) and transformers' own rotary embedding: the logits are the forward
+where the loop packs them) and the model's own norms and rotary embedding: the logits are the forward
 pass's bit for bit with torch's own products (a test compares every step's in float32, bfloat16
 and under autocast), and were so with oneDNN's joined products on the 2-core machine measured
 (oneDNN does not promise it; the test allows rounding there). What it
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-MODEL_TYPES = ("llama", "qwen2", "mistral")
+ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
 
@@ -54,12 +54,12 @@ class LlamaStep:
         the weights' own), attending with `attention` (a transformers attention function for one
         query a row, reading the cache's key and value views: r1kit.sampling.decode's
         decode_attention), or None where the model's forward pass must do it."""
-        config = getattr(model, "config", None)
-        if getattr(config, "model_type", None) not in MODEL_TYPES or type(model).__name__ not in ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"):
+        config = model.config
+        if type(model).__name__ not in ARCHITECTURES:
             return None
         if config.hidden_act != "silu" or getattr(config, "pretraining_tp", 1) != 1 or "sliding_attention" in (getattr(config, "layer_types", None) or ()):
             return None
-        if config.model_type == "mistral" and getattr(config, "sliding_window", None) is not None:
+        if type(model).__name__ == "MistralForCausalLM" and getattr(config, "sliding_window", None) is not None:
             return None
         layers = model.model.layers
         linears = [layer.get_submodule(name) for layer in layers for name in PROJECTIONS] + [model.lm_head]
@@ -81,23 +81,16 @@ class LlamaStep:
             rows, qk = len(tokens), self.heads + self.kv_heads
             for i, layer in enumerate(inner.layers):
                 attn, mlp = layer.self_attn, layer.mlp
-                h = _norm(x, layer.input_layernorm).to(compute)  # once for the three products
+                h = layer.input_layernorm(x).to(compute)  # once for the three products
                 qkv = self.qkv[i](h, compute).view(rows, qk + self.kv_heads, self.dim)
                 qk_rot = _rotate(qkv[:, :qk], cos, sin).to(compute)
                 keys, values = cache.layers[i].update(qk_rot[:, self.heads :, None], qkv[:, qk:, None])
                 out, _ = self.attention(attn, qk_rot[:, : self.heads, None], keys, values, mask, scaling=self.scaling)
                 x = x + _linear(attn.o_proj, out.view(rows, -1), compute)
-                h = _norm(x, layer.post_attention_layernorm).to(compute)
+                h = layer.post_attention_layernorm(x).to(compute)
                 gate, up = self.gate_up[i](h, compute).chunk(2, dim=-1)
                 x = x + _linear(mlp.down_proj, torch.nn.functional.silu(gate) * up, compute)
-            return _linear(self.model.lm_head, _norm(x, inner.norm), compute)
-
-
-def _norm(x: torch.Tensor, norm) -> torch.Tensor:
-    """transformers' RMSNorm: in float32, back to x's dtype, times the weight."""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * h.to(x.dtype)
+            return _linear(self.model.lm_head, inner.norm(x), compute)
 
 
 def _linear(module: torch.nn.Linear, x: torch.Tensor, compute: torch.dtype) -> torch.Tensor:
