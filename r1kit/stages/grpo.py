@@ -51,6 +51,7 @@ from r1kit import reward_registry
 from r1kit import templates
 from r1kit.config import PromptStageConfig
 from r1kit.errors import RecipeError
+from r1kit.shared_prompts import score_prompts_once
 from r1kit.stages.base import StageContext, StageKind, StageResult
 from r1kit.training import checkpoint_step, last_checkpoint, make_metrics_log, read_metrics, train_and_save, trainer_args
 
@@ -120,6 +121,7 @@ def run(ctx: StageContext) -> StageResult:
     else:
         trainer = GRPOTrainer(**kwargs)
     trainer.add_callback(clock.log_steps(trainer))
+    score_prompts_once(trainer)
     if trainer.accelerator.device.type == "cpu":
         decode_rollouts(trainer)
         if args.bf16:
