@@ -3,6 +3,7 @@
     python bench/grpo_step.py --model FOLDER                # e.g. SmolLM2-135M-Instruct, converted
     python bench/grpo_step.py                               # the offline tiny model
     python bench/grpo_step.py --model FOLDER --steps 6 --r1kit-trainer '{"bf16": true}'
+    python bench/grpo_step.py --model FOLDER --share-prompts       # the stage's share_prompts: true
 
 Both sides train the same model on the same prompts (two-digit additions, r1kit.tasks, in
 SmolLM2's chat format) with the same batch, generations, completion length, temperature,
@@ -125,7 +126,7 @@ def bare_trl(model: str, rows, shared: dict, steps: int, out: Path, phases: Phas
     trainer.train()
 
 
-def r1kit_stage(model: str, shared: dict, extra: dict, steps: int, out: Path, phases: Phases) -> None:
+def r1kit_stage(model: str, shared: dict, extra: dict, steps: int, out: Path, phases: Phases, share_prompts: bool = False) -> None:
     from r1kit import pipeline
     from r1kit.recipe import load_recipe
 
@@ -139,6 +140,7 @@ def r1kit_stage(model: str, shared: dict, extra: dict, steps: int, out: Path, ph
             "template": PROMPT,
             "data": {"source": "task:addition", "task": {"n": 2000, "digits": 2}},
             "rewards": [{"name": "math_accuracy", "weight": 1.0, "fallback": "last_number"}],
+            "share_prompts": share_prompts,
             "trainer": {**shared, "use_cpu": True, **extra, "max_steps": steps, "save_strategy": "no"},
         }],
     }
@@ -173,6 +175,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16, help="per_device_train_batch_size (completions per step)")
     parser.add_argument("--generations", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=32, help="max_completion_length")
+    parser.add_argument("--share-prompts", action="store_true", help="r1kit's side scores each prompt once (the stage's share_prompts)")
     parser.add_argument("--r1kit-trainer", type=json.loads, default={}, help="extra trainer fields for r1kit's side, as JSON")
     args = parser.parse_args()
     os.environ["R1KIT_STAGE_PROCESS"] = "0"  # r1kit's stage in this process, where the clocks are
@@ -204,7 +207,7 @@ def main() -> None:
     }
     results = {}
     for name, run in (("bare TRL", lambda p: bare_trl(model, rows, shared, args.steps, work / "trl", p)),
-                      ("r1kit", lambda p: r1kit_stage(model, shared, args.r1kit_trainer, args.steps, work / "r1kit", p))):
+                      ("r1kit", lambda p: r1kit_stage(model, shared, args.r1kit_trainer, args.steps, work / "r1kit", p, args.share_prompts))):
         phases = Phases()
         with phases.patched():
             run(phases)

@@ -97,3 +97,18 @@ def test_distinct_prompts_take_the_one_pass_forward_and_chunks_share_their_own_p
 
 def test_gradient_checkpointing_keeps_the_one_pass_forward(tiny_model, tmp_path):
     assert not score_prompts_once(grpo_trainer(tiny_model, tmp_path, gradient_checkpointing=True))
+
+
+def test_a_grpo_stage_scores_prompts_once_only_when_its_recipe_asks(tiny_model, write_recipe, tmp_path, monkeypatch):
+    from r1kit import pipeline
+    from r1kit.recipe import load_recipe
+    from r1kit.stages import grpo
+
+    asked = []
+    monkeypatch.setattr(grpo, "score_prompts_once", lambda trainer: asked.append(trainer) or score_prompts_once(trainer))
+    for share in (False, True):
+        stage = {"name": "rl", "kind": "grpo", "template": "plain", "share_prompts": share,
+                 "data": {"source": "task:addition", "task": {"n": 8, "digits": 1}}, "rewards": [{"name": "math_accuracy"}],
+                 "trainer": {"max_steps": 1, "per_device_train_batch_size": 4, "num_generations": 2, "max_completion_length": 4}}
+        pipeline.run(load_recipe(write_recipe({"model": str(tiny_model), "output_dir": str(tmp_path / str(share)), "stages": [stage]})))
+        assert len(asked) == int(share)

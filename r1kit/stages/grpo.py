@@ -32,7 +32,8 @@ Defaults follow the DeepSeek-R1 paper rather than TRL: ``loss_type: grpo`` and `
 variant recipes). On a GPU, ``use_vllm: true`` generates with vLLM (colocated, or ``vllm_mode:
 server``); without it TRL generates with transformers, and on a CPU r1kit's decoding loop
 (r1kit.sampling.decode) generates in its place, from the same distribution (`decode_rollouts`), and TRL's
-log-probabilities go through r1kit.cpu's whole-vocabulary products. With ``peft:`` the stage trains a LoRA
+log-probabilities go through r1kit.cpu's whole-vocabulary products. ``share_prompts: true`` scores
+each group's prompt once (r1kit.shared_prompts). With ``peft:`` the stage trains a LoRA
 adapter (TRL syncs the merged weights into vLLM) and hands on the merged model (r1kit.lora).
 
 Not here: the reward functions themselves (rewards/), or any loss of r1kit's own: TRL computes it.
@@ -66,6 +67,9 @@ class GRPOStage(PromptStageConfig, lora.LoraFields):
     """DAPO dynamic sampling: drop groups whose rewards are all equal and refill the batch."""
     dynamic_sampling_max_rounds: int = 3
     """Cap on extra generation rounds per batch for dynamic sampling."""
+    share_prompts: bool = False
+    """Score each group's prompt once, not once per completion (r1kit.shared_prompts): the same
+    log-probabilities and gradients up to rounding, fewer tokens through the model."""
     trainer: dict[str, Any] = field(default_factory=dict)
     """Fields of trl.GRPOConfig, passed through."""
 
@@ -121,7 +125,8 @@ def run(ctx: StageContext) -> StageResult:
     else:
         trainer = GRPOTrainer(**kwargs)
     trainer.add_callback(clock.log_steps(trainer))
-    score_prompts_once(trainer)
+    if stage.share_prompts:
+        score_prompts_once(trainer)
     if trainer.accelerator.device.type == "cpu":
         decode_rollouts(trainer)
         if args.bf16:
