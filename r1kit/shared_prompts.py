@@ -13,9 +13,10 @@ log-probabilities and gradients); on SmolLM2 with 25-token prompts, 8 completion
 tokens per prompt, a third of the tokens go through the model once instead of 8 times.
 
 Opt-in, with a grpo stage's ``share_prompts: true``. On SmolLM2 the gradients matched the one-pass
-forward's to 4e-7 in float32 and as closely as bfloat16 allows under autocast, but two runs of
-recipes/smollm2.yaml with it (seeds 42 and 43) ended at held-out pass@1 0.685 and 0.665 against
-0.772 and 0.743 without: more runs must tell a different trajectory's chance from a cost.
+forward's to 4e-7 in float32 and as closely as bfloat16 allows under autocast. Four runs of
+recipes/smollm2.yaml (seeds 42-45) ended at held-out pass@1 0.685, 0.665, 0.698 and 0.772 with it,
+against 0.772, 0.743, 0.685 and 0.715 without (means 0.705 and 0.729, within the seeds' spread):
+more runs must tell a different trajectory's chance from a cost before it becomes the default.
 
 Taken only where that holds: text-only batches without MoE auxiliary losses, no gradient
 checkpointing (it turns the cache off), one process (DDP expects one forward per backward), and
