@@ -39,7 +39,10 @@ log = logging.getLogger(__name__)
 
 def score_prompts_once(trainer) -> bool:
     """Have `trainer` (a ``trl.GRPOTrainer``) score each batch's distinct prompts once; says whether it will."""
-    if trainer.accelerator.num_processes != 1 or trainer.args.gradient_checkpointing:
+    reason = ("gradient checkpointing recomputes the forward pass" if trainer.args.gradient_checkpointing
+              else f"{trainer.accelerator.num_processes} processes split the batches" if trainer.accelerator.num_processes != 1 else None)
+    if reason:
+        log.warning("share_prompts: each completion is scored with its prompt, as TRL does: %s", reason)
         return False
     one_pass = trainer._get_per_token_logps_and_entropies
     unfit: set[int] = set()  # models whose cache cannot be shared, found on their first call
@@ -81,7 +84,7 @@ def _two_passes(trainer, model, ids, mask, logits_to_keep, compute_entropy, unfi
         cache = model(inputs_embeds=prefix_embeds.view(*prefix_ids.shape, -1), attention_mask=prefixes[:, split:], use_cache=True, logits_to_keep=1).past_key_values
     if not isinstance(cache, DynamicCache) or any(type(layer) is not DynamicLayer for layer in cache.layers):
         unfit.add(id(model))
-        log.info("scoring each completion with its prompt: %s's cache cannot be shared", type(model).__name__)
+        log.warning("share_prompts: each completion is scored with its prompt: %s's cache cannot be shared", type(model).__name__)
         return None
     cache.batch_select_indices(row_prefix)
     labels = rest_ids.masked_fill(mask[:, split:] == 0, -100)

@@ -95,8 +95,10 @@ def test_distinct_prompts_take_the_one_pass_forward_and_chunks_share_their_own_p
         assert seen == [(1, PROMPT - 1), (2, COMPLETION + 1)] * 2
 
 
-def test_gradient_checkpointing_keeps_the_one_pass_forward(tiny_model, tmp_path):
-    assert not score_prompts_once(grpo_trainer(tiny_model, tmp_path, gradient_checkpointing=True))
+def test_gradient_checkpointing_keeps_the_one_pass_forward_and_says_so(tiny_model, tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="r1kit.shared_prompts"):
+        assert not score_prompts_once(grpo_trainer(tiny_model, tmp_path, gradient_checkpointing=True))
+    assert "share_prompts: each completion is scored with its prompt, as TRL does: gradient checkpointing" in caplog.text
 
 
 def test_a_grpo_stage_scores_prompts_once_only_when_its_recipe_asks(tiny_model, write_recipe, tmp_path, monkeypatch):
