@@ -28,10 +28,7 @@ as a package: a module in the current directory or beside the recipe file is fou
 
 A reward may declare the range of its scores as a function attribute, ``my_reward.bounds = (0.0,
 1.0)``: a rejection stage whose ``min_total`` its rewards can never reach is then refused at
-validate time. A reward whose work runs in other processes may declare how to start them as
-``my_reward.start`` (a function of no arguments): stages call `start_workers` before they load
-their model, since processes started later from a process holding the model start slowly (the
-built-in ``math_accuracy`` starts its math-verify workers' server this way).
+validate time.
 
 A reward that raises, or returns anything but one number or None per completion, stops the run
 with a one-line RewardError naming the reward, the error and where it was raised (the traceback
@@ -317,11 +314,3 @@ def weighted_total(scores: dict[str, list[float | None]], rewards: list[Reward])
             if s is not None:
                 totals[i] += r.weight * s
     return totals
-
-
-def start_workers(rewards: list[Reward]) -> None:
-    """Run each reward function's ``start`` attribute, where it has one (see the module)."""
-    for fn in {id(r.fn): r.fn for r in rewards}.values():
-        start = getattr(fn, "start", None)
-        if start is not None:
-            start()

@@ -239,7 +239,6 @@ def math_accuracy(
 
 
 math_accuracy.bounds = (0.0, 1.0)
-math_accuracy.start = lambda: math_pool.start_server()  # before a stage loads its model
 
 
 def equivalent_batch(pairs: list[tuple[str, str]], timeout: float = 5.0) -> list[bool]:

@@ -15,7 +15,7 @@ per step; the caller times every step. Guarantees:
   turns it off and enforces its own); calls are serialised by a lock;
 - workers start lazily, one per usable core up to 16, from a ``forkserver`` that has already
   imported SymPy and math-verify (a replacement starts in milliseconds), and are reused across
-  calls; `start_server` starts that server ahead of the first call; a forked child never talks to its parent's workers;
+  calls; a forked child never talks to its parent's workers;
 - an interrupted call (Ctrl-C) kills the busy workers, so no stale answer reaches the next call.
 
 It is no sandbox: math-verify and SymPy run with the caller's rights and no memory limit. Scripts
@@ -208,16 +208,6 @@ class _Worker:
         self.proc.kill()
         self.proc.join()
         self.conn.close()
-
-
-def start_server() -> None:
-    """Start the workers' fork server now, if it is not running: it imports SymPy and
-    math-verify while the caller goes on. Call it before a large model is loaded: started on a
-    reward's first formula, from a GRPO process holding SmolLM2 (about 4 GiB), it held that
-    training step for 7-13 s on 2 cores, where the step took 5 s otherwise."""
-    from multiprocessing import forkserver
-
-    forkserver.ensure_running()
 
 
 def run(jobs: list[Job], timeout: float) -> tuple[dict[str, bool | None], dict[int, bool]]:

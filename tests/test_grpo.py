@@ -105,39 +105,6 @@ def test_rollouts_go_through_r1kits_loop_unless_it_cannot_draw_them(write_recipe
     assert calls == {"decode": 0, "generate": 2}
 
 
-@pytest.mark.parametrize("reward, starts", [("math_accuracy", True), ("format", False)])
-def test_math_workers_server_starts_before_the_model_loads(write_recipe, tiny_model, monkeypatch, reward, starts):
-    """Started on a reward's first formula, from a process holding the model, the math workers'
-    fork server held a GRPO step for seconds; a stage with the math reward starts it first."""
-    import trl
-
-    from r1kit.rewards.math import math_accuracy
-
-    class Stop(Exception):
-        pass
-
-    def trainer(*args, **kwargs):
-        events.append("trainer")
-        raise Stop
-
-    events = []
-    monkeypatch.setattr(math_accuracy, "start", lambda: events.append("server"))
-    monkeypatch.setattr(trl.GRPOTrainer, "__init__", trainer)
-    with pytest.raises(Stop):
-        pipeline.run(load_recipe(grpo_recipe(write_recipe, tiny_model, [{"name": reward}])))
-    assert events == (["server", "trainer"] if starts else ["trainer"])
-
-
-def test_math_pool_server_starts_on_request():
-    from multiprocessing import forkserver
-
-    from r1kit.rewards import math_pool
-
-    math_pool.start_server()
-    assert forkserver._forkserver._forkserver_pid is not None
-    assert math_pool.run([math_pool.Job("\\frac12", ["0.5", "2"], keys=[0, 1])], timeout=30.0) == ({"\\frac12": True}, {0: True, 1: False})
-
-
 @pytest.mark.parametrize(
     "trainer, expect_kl",
     [

@@ -164,26 +164,6 @@ def test_pass_rate_filter_writes_the_prompts_in_the_band_for_grpo(write_recipe, 
     assert records["rl"]["input_model"] == str(cold_start) and records["rl"]["model"]
 
 
-def test_math_workers_server_starts_before_the_sampler_loads(write_recipe, tiny_model, monkeypatch):
-    """As in a grpo stage: the math reward's worker server starts while the process is small."""
-    from r1kit import sampling
-    from r1kit.rewards.math import math_accuracy
-
-    class Stop(Exception):
-        pass
-
-    def sampler(*args, **kwargs):
-        events.append("sampler")
-        raise Stop
-
-    events = []
-    monkeypatch.setattr(math_accuracy, "start", lambda: events.append("server"))
-    monkeypatch.setattr(sampling, "load_sampler", sampler)
-    with pytest.raises(Stop):
-        pipeline.run(load_recipe(write_recipe({"model": str(tiny_model), "stages": [stage()]})))
-    assert events == ["server", "sampler"]
-
-
 def test_select_verifies_filters_then_caps():
     from r1kit.sampling import Completion
 

@@ -104,7 +104,6 @@ def run(ctx: StageContext) -> StageResult:
 
     stage = ctx.stage
     rewards = reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards")
-    reward_registry.start_workers(rewards)  # while this process is small
     tokenizer = AutoTokenizer.from_pretrained(ctx.model, padding_side="left")
     rows = prompt_rows(ctx, tokenizer)
     args = trainer_args(GRPOConfig, ctx, **trainer_defaults(stage))

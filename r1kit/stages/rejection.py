@@ -368,7 +368,6 @@ def run(ctx: StageContext) -> StageResult:
 
     stage, cfg = ctx.stage, ctx.stage.data
     rewards = reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards")
-    reward_registry.start_workers(rewards)  # while this process is small
     rows = data_lib.load_rows(cfg, ctx)
     data_lib.require_columns(rows, [cfg.prompt], ctx.resolve_data_source(cfg.source), f"rejection stage {stage.name!r}")
     header = {"stage": to_dict(stage), "model": ctx.model, "seed": ctx.recipe.seed}
