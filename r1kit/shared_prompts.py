@@ -39,8 +39,11 @@ log = logging.getLogger(__name__)
 
 def score_prompts_once(trainer) -> bool:
     """Have `trainer` (a ``trl.GRPOTrainer``) score each batch's distinct prompts once; says whether it will."""
-    reason = ("gradient checkpointing recomputes the forward pass" if trainer.args.gradient_checkpointing
-              else f"{trainer.accelerator.num_processes} processes split the batches" if trainer.accelerator.num_processes != 1 else None)
+    reason = None
+    if trainer.args.gradient_checkpointing:
+        reason = "gradient checkpointing recomputes the forward pass"
+    elif trainer.accelerator.num_processes != 1:
+        reason = f"{trainer.accelerator.num_processes} processes split the batches"
     if reason:
         log.warning("share_prompts: each completion is scored with its prompt, as TRL does: %s", reason)
         return False
