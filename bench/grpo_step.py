@@ -18,7 +18,8 @@ steps each:
   one autocast region, its linear layers packed by r1kit.cpu, else float32; TRL's
   log-probabilities through r1kit.cpu's whole-vocabulary products; short attention in SDPA's math
   kernel; the allocator keeping freed memory; no gradient checkpointing; ``beta: 0.001`` with a
-  reference model; the sequence-level GRPO loss), plus --r1kit-trainer fields.
+  reference model; the sequence-level GRPO loss; at ``beta: 0``, no forward or backward pass for
+  zero-advantage completions), plus --r1kit-trainer fields.
 
 Bare TRL runs first: the allocator setting r1kit's pipeline makes is process-wide and would
 otherwise speed up the bare side too.
@@ -27,7 +28,11 @@ Each step is split into phases by timing TRL's own methods: generation (``_gener
 (``_calculate_rewards``), the rest of scoring (reference and old log-probabilities, advantages),
 and forward/backward (``training_step`` without generation and scoring); "other" is the optimizer
 step and the trainer's bookkeeping. The first step (warm-up) is left out of the means. Prints a
-line per side and the ratio of their mean step times.
+line per side, with the share of groups whose rewards were all equal (TRL's
+``frac_reward_zero_std``) and of completions r1kit left out of the forward and backward pass
+(r1kit.zero_advantage, at ``beta: 0``), and the ratio of their mean step times. The two sides
+draw their own completions, so their shares differ, and with two groups a step they move the
+forward/backward time from step to step.
 
 Both sides run on the CPU (``use_cpu``) and in this process, also on a machine with a GPU.
 
@@ -54,6 +59,7 @@ class Phases:
 
     def __init__(self):
         self.steps: list[dict[str, float]] = []
+        self.logged: list[dict[str, float]] = []  # each step's logged share of zero-spread groups and skipped completions
         self.now = dict.fromkeys(("generate", "rewards", "prepare", "train"), 0.0)
         self.started = 0.0
 
@@ -103,13 +109,23 @@ class Phases:
                     "total": total,
                 })
 
+            def on_log(self, args, state, control, logs=None, **kwargs):
+                if logs and "frac_reward_zero_std" in logs:
+                    phases.logged.append({"zero_std": logs["frac_reward_zero_std"], "skipped": logs.get("zero_advantage/skipped", 0.0)})
+
         return StepClock()
 
     def summary(self) -> dict[str, float]:
         if not self.steps:
             raise RuntimeError("no optimizer step was timed (did the trainer run in another process?)")
         timed = self.steps[1:] or self.steps  # the first step warms up
-        return {k: statistics.mean(s[k] for s in timed) for k in (*PHASES, "total")}
+        logged = self.logged[1:] or self.logged or [{"zero_std": float("nan"), "skipped": float("nan")}]
+        by_share: dict[float, list[float]] = {}  # forward/backward seconds by the step's share of groups without spread
+        for step, log in zip(timed, logged):
+            by_share.setdefault(round(log["zero_std"], 2), []).append(step["forward_backward"])
+        return ({k: statistics.mean(s[k] for s in timed) for k in (*PHASES, "total")}
+                | {k: statistics.mean(s[k] for s in logged) for k in ("zero_std", "skipped")}
+                | {"by_share": {share: by_share[share] for share in sorted(by_share)}})
 
 
 def bare_trl(model: str, rows, shared: dict, steps: int, out: Path, phases: Phases) -> None:
@@ -165,7 +181,9 @@ def r1kit_stage(model: str, shared: dict, extra: dict, steps: int, out: Path, ph
 
 def line(name: str, s: dict[str, float]) -> str:
     parts = ", ".join(f"{k} {s[k]:.2f}" for k in PHASES)
-    return f"{name:9s}: {s['total']:6.2f} s/step  ({parts})"
+    shares = ", ".join(f"{share:.2f}: {statistics.mean(t):.2f} s ({len(t)} steps)" for share, t in s["by_share"].items())
+    return (f"{name:9s}: {s['total']:6.2f} s/step  ({parts}; groups without reward spread {s['zero_std']:.2f}, completions skipped {s['skipped']:.2f})\n"
+            f"{'':11s}forward/backward by the step's share of groups without spread: {shares}")
 
 
 def main() -> None:

@@ -33,7 +33,8 @@ variant recipes). On a GPU, ``use_vllm: true`` generates with vLLM (colocated, o
 server``); without it TRL generates with transformers, and on a CPU r1kit's decoding loop
 (r1kit.sampling.decode) generates in its place, from the same distribution (`decode_rollouts`), and TRL's
 log-probabilities go through r1kit.cpu's whole-vocabulary products. ``share_prompts: true`` scores
-each group's prompt once (r1kit.shared_prompts). With ``peft:`` the stage trains a LoRA
+each group's prompt once (r1kit.shared_prompts). At ``beta: 0`` completions with zero advantage
+skip the forward and backward pass (r1kit.zero_advantage). With ``peft:`` the stage trains a LoRA
 adapter (TRL syncs the merged weights into vLLM) and hands on the merged model (r1kit.lora).
 
 Not here: the reward functions themselves (rewards/), or any loss of r1kit's own: TRL computes it.
@@ -55,6 +56,7 @@ from r1kit.errors import RecipeError
 from r1kit.shared_prompts import score_prompts_once
 from r1kit.stages.base import StageContext, StageKind, StageResult
 from r1kit.training import checkpoint_step, last_checkpoint, make_metrics_log, read_metrics, train_and_save, trainer_args
+from r1kit.zero_advantage import skip_zero_advantage
 
 # The DeepSeek-R1 paper's GRPO (arXiv:2501.12948, section 2.2): KL coefficient 0.001, and the
 # sequence-level GRPO loss. TRL defaults to beta 0 and the DAPO token-level loss.
@@ -125,6 +127,7 @@ def run(ctx: StageContext) -> StageResult:
     else:
         trainer = GRPOTrainer(**kwargs)
     trainer.add_callback(clock.log_steps(trainer))
+    skip_zero_advantage(trainer)
     if stage.share_prompts:
         score_prompts_once(trainer)
     if trainer.accelerator.device.type == "cpu":

@@ -1,0 +1,121 @@
+"""r1kit.zero_advantage: GRPO's loss computed on the completions with a nonzero advantage alone gives
+TRL's loss and every gradient, runs the model on those completions only, and is taken only where
+zero-advantage completions really add nothing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from r1kit.zero_advantage import skip_zero_advantage
+
+PROMPT, COMPLETION, ROWS = 5, 6, 8
+
+
+def grpo_trainer(model_dir, tmp_path, **args):
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    fields = {"gradient_checkpointing": False, "beta": 0.0, **args}
+    config = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=ROWS, num_generations=4, max_completion_length=COMPLETION, **fields)
+    rows = Dataset.from_list([{"prompt": "1+1="}] * ROWS)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=[lambda completions, **kw: [0.0] * len(completions)], args=config, train_dataset=rows, processing_class=tokenizer)
+    trainer.current_gradient_accumulation_steps = 1
+    trainer.model.train()  # as in training (the loss logs its figures by the model's mode)
+    return trainer
+
+
+def inputs(vocab: int, advantages: list[float]) -> dict:
+    """A training batch as TRL's scoring hands it on: old log-probabilities away from the policy's,
+    so that the clipped ratio matters, and completions that ended early."""
+    g = torch.Generator().manual_seed(0)
+    completion_mask = torch.ones(ROWS, COMPLETION, dtype=torch.long)
+    for r in range(ROWS):
+        completion_mask[r, COMPLETION - r % 3 :] = 0
+    prompt_mask = torch.ones(ROWS, PROMPT, dtype=torch.long)
+    prompt_mask[::2, :2] = 0
+    return {
+        "prompt_ids": torch.randint(5, vocab, (ROWS, PROMPT), generator=g),
+        "prompt_mask": prompt_mask,
+        "completion_ids": torch.randint(5, vocab, (ROWS, COMPLETION), generator=g),
+        "completion_mask": completion_mask,
+        "advantages": torch.tensor(advantages),
+        "old_per_token_logps": -5.0 + 0.3 * torch.randn(ROWS, COMPLETION, generator=g),
+        "num_items_in_batch": completion_mask.sum().float(),
+    }
+
+
+def loss_and_gradients(trainer, batch, rows_seen: list[int]):
+    model = trainer.model
+    model.zero_grad(set_to_none=True)
+    hook = model.model.layers[0].register_forward_pre_hook(lambda module, args: rows_seen.append(args[0].size(0)))
+    try:
+        loss = trainer._compute_loss(model, batch)
+    finally:
+        hook.remove()
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+# Two groups of four: the first with no reward spread (zero advantages), the second with one
+# completion scored at its group's mean.
+SOME_ZERO = [0.0, 0.0, 0.0, 0.0, 1.5, -0.5, 0.0, -1.0]
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+def test_the_loss_on_rows_with_signal_is_trls_loss_with_its_gradients(tiny_model, tmp_path, loss_type):
+    trainer = grpo_trainer(tiny_model, tmp_path, loss_type=loss_type)
+    batch = inputs(trainer.model.config.vocab_size, SOME_ZERO)
+    seen_by_trl: list[int] = []
+    trl_loss, trl_grads = loss_and_gradients(trainer, batch, seen_by_trl)
+    assert skip_zero_advantage(trainer)
+    seen: list[int] = []
+    loss, grads = loss_and_gradients(trainer, batch, seen)
+    assert seen_by_trl == [ROWS] and seen == [3]
+    assert loss.item() != 0.0
+    torch.testing.assert_close(loss, trl_loss, rtol=1e-5, atol=1e-7)
+    assert grads.keys() == trl_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, trl_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert trainer._metrics["train"]["zero_advantage/skipped"] == [5 / 8]
+
+
+def test_a_batch_without_signal_skips_the_model_and_leaves_zero_gradients_as_trl_does(tiny_model, tmp_path):
+    trainer = grpo_trainer(tiny_model, tmp_path)
+    batch = inputs(trainer.model.config.vocab_size, [0.0] * ROWS)
+    seen_by_trl: list[int] = []
+    trl_loss, trl_grads = loss_and_gradients(trainer, batch, seen_by_trl)
+    assert skip_zero_advantage(trainer)
+    seen: list[int] = []
+    loss, grads = loss_and_gradients(trainer, batch, seen)
+    assert seen == [] and loss.item() == trl_loss.item() == 0.0
+    assert grads.keys() == trl_grads.keys()
+    assert all(not g.any() for g in grads.values()) and all(not g.any() for g in trl_grads.values())
+    assert trainer._metrics["train"]["zero_advantage/skipped"] == [1.0]
+
+
+@pytest.mark.parametrize("args", [{"beta": 0.04}, {"entropy_coef": 0.01}, {"top_entropy_quantile": 0.2}], ids=["kl", "entropy-bonus", "entropy-mask"])
+def test_terms_that_move_zero_advantage_rows_keep_trls_loss_over_every_row(tiny_model, tmp_path, args):
+    trainer = grpo_trainer(tiny_model, tmp_path, **args)
+    compute_loss = trainer._compute_loss
+    assert not skip_zero_advantage(trainer)
+    assert trainer._compute_loss == compute_loss
+
+
+def test_a_grpo_stage_logs_the_share_of_completions_it_left_out(tiny_model, write_recipe, tmp_path):
+    import json
+
+    from r1kit import pipeline
+    from r1kit.recipe import load_recipe
+
+    stage = {"name": "rl", "kind": "grpo", "template": "plain",
+             "data": {"source": "task:addition", "task": {"n": 8, "digits": 1}}, "rewards": [{"name": "math_accuracy"}],
+             "trainer": {"max_steps": 2, "per_device_train_batch_size": 4, "num_generations": 2, "max_completion_length": 4, "beta": 0.0}}
+    pipeline.run(load_recipe(write_recipe({"model": str(tiny_model), "output_dir": str(tmp_path / "run"), "stages": [stage]})))
+    records = [json.loads(line) for line in (tmp_path / "run" / "rl" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "frac_reward_zero_std" in r]
+    assert len(steps) == 2
+    # Two completions a group: a group without spread has zero advantages, one with spread has none.
+    assert [r["zero_advantage/skipped"] for r in steps] == [r["frac_reward_zero_std"] for r in steps]
