@@ -47,7 +47,6 @@ SHARED = {"num_items_in_batch"}
 def skip_zero_advantage(trainer) -> bool:
     """Have `trainer` (a ``trl.GRPOTrainer``) leave zero-advantage completions out of its forward and
     backward passes where that keeps its gradient; says whether it will."""
-    args = trainer.args
     if (
         trainer.beta != 0.0
         or getattr(trainer, "_entropy_bonus_enabled", False)
@@ -57,7 +56,7 @@ def skip_zero_advantage(trainer) -> bool:
         or trainer.accelerator.num_processes != 1
         or trainer.is_deepspeed_enabled
         or trainer.is_fsdp_enabled
-        or args.use_liger_kernel
+        or trainer.args.use_liger_kernel
     ):
         return False
     compute_loss = trainer._compute_loss
@@ -90,4 +89,3 @@ def skip_zero_advantage(trainer) -> bool:
     trainer._compute_loss = on_signal
     log.info("beta 0: completions with zero advantage skip the forward and backward pass (they add no gradient)")
     return True
-
