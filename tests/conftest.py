@@ -69,6 +69,26 @@ def cold_start(tmp_path_factory, tiny_model) -> Path:
 
 
 @pytest.fixture
+def grpo_trainer(tiny_model, tmp_path):
+    """A builder of ``trl.GRPOTrainer``s on the tiny model, for tests of one training step's parts:
+    `rows` copies of one prompt a batch in groups of `generations`, completions of up to
+    `completion` tokens, a constant reward, no gradient checkpointing; other ``GRPOConfig`` fields
+    (and ``peft_config``) as keywords."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    def build(rows: int, generations: int, completion: int, peft_config=None, **fields):
+        config = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=rows,
+                            num_generations=generations, max_completion_length=completion, **{"gradient_checkpointing": False, **fields})
+        tokenizer = AutoTokenizer.from_pretrained(tiny_model, padding_side="left")
+        return GRPOTrainer(model=str(tiny_model), reward_funcs=[lambda completions, **kw: [0.0] * len(completions)], args=config,
+                           train_dataset=Dataset.from_list([{"prompt": "1+1="}] * rows), processing_class=tokenizer, peft_config=peft_config)
+
+    return build
+
+
+@pytest.fixture
 def write_recipe(tmp_path):
     """Write a recipe mapping to tmp_path/recipe.yaml (output_dir defaults into tmp_path)."""
 

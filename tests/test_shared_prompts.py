@@ -12,17 +12,6 @@ from r1kit.shared_prompts import score_prompts_once
 PROMPT, COMPLETION = 9, 6
 
 
-def grpo_trainer(model_dir, tmp_path, peft_config=None, **args):
-    from datasets import Dataset
-    from transformers import AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
-
-    config = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=4, num_generations=2, max_completion_length=COMPLETION, **{"gradient_checkpointing": False, **args})
-    rows = Dataset.from_list([{"prompt": "1+1="}] * 4)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
-    return GRPOTrainer(model=str(model_dir), reward_funcs=[lambda completions, **kw: [0.0] * len(completions)], args=config, train_dataset=rows, processing_class=tokenizer, peft_config=peft_config)
-
-
 def batch(vocab: int, prompts: int, per_prompt: int):
     """Left-padded prompts (of uneven lengths), each repeated for its group, then right-padded completions."""
     g = torch.Generator().manual_seed(0)
@@ -57,11 +46,11 @@ def score(trainer, ids, mask, completion_mask, **kwargs):
 
 
 @pytest.mark.parametrize(("bf16", "lora"), [(False, False), (True, False), (False, True)], ids=["float32", "bf16-autocast", "lora"])
-def test_prompts_scored_once_give_the_one_pass_log_probs_entropies_and_gradients(tiny_model, tmp_path, bf16, lora):
+def test_prompts_scored_once_give_the_one_pass_log_probs_entropies_and_gradients(grpo_trainer, bf16, lora):
     from peft import LoraConfig
 
     peft_config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM") if lora else None
-    trainer = grpo_trainer(tiny_model, tmp_path, peft_config=peft_config, bf16=bf16)
+    trainer = grpo_trainer(4, 2, COMPLETION, peft_config=peft_config, bf16=bf16)
     ids, mask, completion_mask = batch(trainer.model.config.vocab_size, prompts=3, per_prompt=4)
     with cpu.log_probs_on_cpu():
         one_pass = score(trainer, ids, mask, completion_mask)
@@ -80,8 +69,8 @@ def test_prompts_scored_once_give_the_one_pass_log_probs_entropies_and_gradients
         assert (a - b).norm() <= tolerance * b.norm(), name
 
 
-def test_distinct_prompts_take_the_one_pass_forward_and_chunks_share_their_own_prompts(tiny_model, tmp_path):
-    trainer = grpo_trainer(tiny_model, tmp_path)
+def test_distinct_prompts_take_the_one_pass_forward_and_chunks_share_their_own_prompts(grpo_trainer):
+    trainer = grpo_trainer(4, 2, COMPLETION)
     assert score_prompts_once(trainer)
     seen = []
     first_layer(trainer).register_forward_pre_hook(lambda m, args: seen.append(tuple(args[0].shape[:2])))
@@ -95,9 +84,9 @@ def test_distinct_prompts_take_the_one_pass_forward_and_chunks_share_their_own_p
         assert seen == [(1, PROMPT - 1), (2, COMPLETION + 1)] * 2
 
 
-def test_gradient_checkpointing_keeps_the_one_pass_forward_and_says_so(tiny_model, tmp_path, caplog):
+def test_gradient_checkpointing_keeps_the_one_pass_forward_and_says_so(grpo_trainer, caplog):
     with caplog.at_level("WARNING", logger="r1kit.shared_prompts"):
-        assert not score_prompts_once(grpo_trainer(tiny_model, tmp_path, gradient_checkpointing=True))
+        assert not score_prompts_once(grpo_trainer(4, 2, COMPLETION, gradient_checkpointing=True))
     assert "share_prompts: each completion is scored with its prompt, as TRL does: gradient checkpointing" in caplog.text
 
 

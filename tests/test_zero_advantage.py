@@ -13,18 +13,11 @@ from r1kit.zero_advantage import skip_zero_advantage
 PROMPT, COMPLETION, ROWS = 5, 6, 8
 
 
-def grpo_trainer(model_dir, tmp_path, peft_config=None, **args):
-    from datasets import Dataset
-    from transformers import AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
-
-    fields = {"gradient_checkpointing": False, "beta": 0.0, **args}
-    config = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=ROWS, num_generations=4, max_completion_length=COMPLETION, **fields)
-    rows = Dataset.from_list([{"prompt": "1+1="}] * ROWS)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
-    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=[lambda completions, **kw: [0.0] * len(completions)], args=config, train_dataset=rows, processing_class=tokenizer, peft_config=peft_config)
+def training(trainer):
+    """`trainer` as its training step runs the loss: one accumulation step, the model in training mode
+    (the loss logs its figures by the model's mode)."""
     trainer.current_gradient_accumulation_steps = 1
-    trainer.model.train()  # as in training (the loss logs its figures by the model's mode)
+    trainer.model.train()
     return trainer
 
 
@@ -71,11 +64,11 @@ SOME_ZERO = [0.0, 0.0, 0.0, 0.0, 1.5, -0.5, 0.0, -1.0]
 
 @pytest.mark.parametrize(("loss_type", "bf16", "lora"), [("grpo", False, False), ("bnpo", False, False), ("dr_grpo", False, False), ("dapo", False, False), ("grpo", True, False), ("grpo", False, True)],
                          ids=["grpo", "bnpo", "dr_grpo", "dapo", "grpo-bf16-autocast", "grpo-lora"])
-def test_the_loss_on_rows_with_signal_is_trls_loss_with_its_gradients(tiny_model, tmp_path, loss_type, bf16, lora):
+def test_the_loss_on_rows_with_signal_is_trls_loss_with_its_gradients(grpo_trainer, loss_type, bf16, lora):
     from peft import LoraConfig
 
     peft_config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM") if lora else None
-    trainer = grpo_trainer(tiny_model, tmp_path, peft_config=peft_config, loss_type=loss_type, bf16=bf16)
+    trainer = training(grpo_trainer(ROWS, 4, COMPLETION, peft_config=peft_config, beta=0.0, loss_type=loss_type, bf16=bf16))
     batch = inputs(trainer.model.config.vocab_size, SOME_ZERO)
     seen_by_trl: list[int] = []
     trl_loss, trl_grads = loss_and_gradients(trainer, batch, seen_by_trl)
@@ -93,8 +86,8 @@ def test_the_loss_on_rows_with_signal_is_trls_loss_with_its_gradients(tiny_model
     assert trainer._metrics["train"]["zero_advantage/skipped"] == [5 / 8]
 
 
-def test_a_batch_without_signal_skips_the_model_and_leaves_zero_gradients_as_trl_does(tiny_model, tmp_path):
-    trainer = grpo_trainer(tiny_model, tmp_path)
+def test_a_batch_without_signal_skips_the_model_and_leaves_zero_gradients_as_trl_does(grpo_trainer):
+    trainer = training(grpo_trainer(ROWS, 4, COMPLETION, beta=0.0))
     batch = inputs(trainer.model.config.vocab_size, [0.0] * ROWS)
     seen_by_trl: list[int] = []
     trl_loss, trl_grads = loss_and_gradients(trainer, batch, seen_by_trl)
@@ -108,8 +101,8 @@ def test_a_batch_without_signal_skips_the_model_and_leaves_zero_gradients_as_trl
 
 
 @pytest.mark.parametrize("args", [{"beta": 0.04}, {"entropy_coef": 0.01}, {"top_entropy_quantile": 0.2}], ids=["kl", "entropy-bonus", "entropy-mask"])
-def test_terms_that_move_zero_advantage_rows_keep_trls_loss_over_every_row(tiny_model, tmp_path, args):
-    trainer = grpo_trainer(tiny_model, tmp_path, **args)
+def test_terms_that_move_zero_advantage_rows_keep_trls_loss_over_every_row(grpo_trainer, args):
+    trainer = training(grpo_trainer(ROWS, 4, COMPLETION, **{"beta": 0.0, **args}))
     compute_loss = trainer._compute_loss
     assert not skip_zero_advantage(trainer)
     assert trainer._compute_loss == compute_loss
