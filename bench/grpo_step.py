@@ -4,6 +4,8 @@
     python bench/grpo_step.py                               # the offline tiny model
     python bench/grpo_step.py --model FOLDER --steps 6 --r1kit-trainer '{"bf16": true}'
     python bench/grpo_step.py --model FOLDER --share-prompts       # the stage's share_prompts: true
+    python bench/grpo_step.py --model FOLDER --bare-trainer '{"beta": 0.001}'   # bare TRL with r1kit's KL term too
+    python bench/grpo_step.py --model FOLDER --r1kit-only --steps 300 --max-tokens 24 --r1kit-trainer '{"beta": 0}'
 
 Both sides train the same model on the same prompts (two-digit additions, r1kit.tasks, in
 SmolLM2's chat format) with the same batch, generations, completion length, temperature,
@@ -21,6 +23,9 @@ steps each:
   reference model; the sequence-level GRPO loss; at ``beta: 0``, no forward or backward pass for
   zero-advantage completions), plus --r1kit-trainer fields.
 
+--bare-trainer adds ``GRPOConfig`` fields to the bare side: ``'{"beta": 0.001}'`` has it compute
+the reference model's KL term as r1kit's side does by default, so that both do the same work.
+
 Bare TRL runs first: the allocator setting r1kit's pipeline makes is process-wide and would
 otherwise speed up the bare side too.
 
@@ -34,9 +39,13 @@ line per side, with the share of groups whose rewards were all equal (TRL's
 draw their own completions, so their shares differ, and with two groups a step they move the
 forward/backward time from step to step.
 
+Each side's line also gives the process's resident memory after steps 10, 100 and the last;
+the r1kit side's includes what the bare side left behind unless --r1kit-only runs it alone (a long
+run at the smollm2 recipe's settings, as above, shows whether memory keeps growing).
+
 Both sides run on the CPU (``use_cpu``) and in this process, also on a machine with a GPU.
 
-Not measured: model loading, checkpoint saving, evaluation, memory.
+Not measured: model loading, checkpoint saving, evaluation, peak memory within a step.
 """
 
 from __future__ import annotations
@@ -107,6 +116,7 @@ class Phases:
                     "forward_backward": n["train"] - n["prepare"],
                     "other": total - n["train"],
                     "total": total,
+                    "resident_gib": resident_gib(),
                 })
 
             def on_log(self, args, state, control, logs=None, **kwargs):
@@ -123,19 +133,20 @@ class Phases:
         by_share: dict[float, list[float]] = {}  # forward/backward seconds by the step's share of groups without spread
         for step, log in zip(timed, logged):
             by_share.setdefault(round(log["zero_std"], 2), []).append(step["forward_backward"])
-        return ({k: statistics.mean(s[k] for s in timed) for k in (*PHASES, "total")}
+        resident = {i + 1: s["resident_gib"] for i, s in enumerate(self.steps) if i + 1 in (10, 100) or i + 1 == len(self.steps)}
+        return ({k: statistics.mean(s[k] for s in timed) for k in (*PHASES, "total")} | {"resident": resident}
                 | {k: statistics.mean(s[k] for s in logged) for k in ("zero_std", "skipped")}
                 | {"by_share": {share: by_share[share] for share in sorted(by_share)}})
 
 
-def bare_trl(model: str, rows, shared: dict, steps: int, out: Path, phases: Phases) -> None:
+def bare_trl(model: str, rows, shared: dict, extra: dict, steps: int, out: Path, phases: Phases) -> None:
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     from r1kit import reward_registry
 
     reward = reward_registry.for_trl(reward_registry.from_recipe([{"name": "math_accuracy", "fallback": "last_number"}], "bench")[0])
-    args = GRPOConfig(output_dir=str(out), use_cpu=True, max_steps=steps, save_strategy="no", report_to="none", seed=0, **shared)
+    args = GRPOConfig(output_dir=str(out), use_cpu=True, max_steps=steps, save_strategy="no", report_to="none", seed=0, **shared, **extra)
     tokenizer = AutoTokenizer.from_pretrained(model, padding_side="left")
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=rows, processing_class=tokenizer)
     trainer.add_callback(phases.callback())
@@ -179,11 +190,21 @@ def r1kit_stage(model: str, shared: dict, extra: dict, steps: int, out: Path, ph
         trl.GRPOTrainer.__init__ = init
 
 
+def resident_gib() -> float:
+    """The process's resident memory in GiB (Linux; NaN elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except (OSError, ValueError):
+        return float("nan")
+
+
 def line(name: str, s: dict[str, float]) -> str:
     parts = ", ".join(f"{k} {s[k]:.2f}" for k in PHASES)
     shares = ", ".join(f"{share:.2f}: {statistics.mean(t):.2f} s ({len(t)} steps)" for share, t in s["by_share"].items())
     return (f"{name:9s}: {s['total']:6.2f} s/step  ({parts}; groups without reward spread {s['zero_std']:.2f}, completions skipped {s['skipped']:.2f})\n"
-            f"{'':11s}forward/backward by the step's share of groups without spread: {shares}")
+            f"{'':11s}forward/backward by the step's share of groups without spread: {shares}\n"
+            f"{'':11s}resident memory after step " + ", ".join(f"{step}: {gib:.2f} GiB" for step, gib in s["resident"].items()))
 
 
 def main() -> None:
@@ -195,6 +216,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32, help="max_completion_length")
     parser.add_argument("--share-prompts", action="store_true", help="r1kit's side scores each prompt once (the stage's share_prompts)")
     parser.add_argument("--r1kit-trainer", type=json.loads, default={}, help="extra trainer fields for r1kit's side, as JSON")
+    parser.add_argument("--r1kit-only", action="store_true", help="r1kit's side alone (its resident memory without the bare side's)")
+    parser.add_argument("--bare-trainer", type=json.loads, default={}, help="extra GRPOConfig fields for the bare side, as JSON")
     args = parser.parse_args()
     os.environ["R1KIT_STAGE_PROCESS"] = "0"  # r1kit's stage in this process, where the clocks are
 
@@ -224,8 +247,11 @@ def main() -> None:
         "logging_steps": 1,
     }
     results = {}
-    for name, run in (("bare TRL", lambda p: bare_trl(model, rows, shared, args.steps, work / "trl", p)),
-                      ("r1kit", lambda p: r1kit_stage(model, shared, args.r1kit_trainer, args.steps, work / "r1kit", p, args.share_prompts))):
+    sides = {"bare TRL": lambda p: bare_trl(model, rows, shared, args.bare_trainer, args.steps, work / "trl", p),
+             "r1kit": lambda p: r1kit_stage(model, shared, args.r1kit_trainer, args.steps, work / "r1kit", p, args.share_prompts)}
+    for name, run in sides.items():
+        if args.r1kit_only and name != "r1kit":
+            continue
         phases = Phases()
         with phases.patched():
             run(phases)
@@ -234,8 +260,9 @@ def main() -> None:
           f"at most {args.max_tokens} tokens, mean of steps 2-{args.steps}")
     for name, s in results.items():
         print(line(name, s))
-    print(f"ratio: r1kit's step takes {results['r1kit']['total'] / results['bare TRL']['total']:.2f}x the bare-TRL step's time "
-          f"({results['bare TRL']['total'] / results['r1kit']['total']:.2f}x as fast)")
+    if len(results) == 2:
+        print(f"ratio: r1kit's step takes {results['r1kit']['total'] / results['bare TRL']['total']:.2f}x the bare-TRL step's time "
+              f"({results['bare TRL']['total'] / results['r1kit']['total']:.2f}x as fast)")
 
 
 if __name__ == "__main__":
