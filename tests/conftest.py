@@ -1,5 +1,5 @@
 """Shared fixtures: the offline tiny model and its short cold start (built once per session),
-recipe writing, and runs that hold at a known point for kill-and-resume tests."""
+GRPO trainers on it, recipe writing, and runs that hold at a known point for kill-and-resume tests."""
 
 from __future__ import annotations
 
