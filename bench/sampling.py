@@ -19,8 +19,9 @@ the best of 3 seconds), over the 2 x (parameters) floating-point operations a ge
 (attention over the context comes on top). Prints one line per backend and precision, and the
 ratios. The limit is measured at the start and again right after each backend's batches, and
 each backend's share is of the highest of these: on a shared machine the rate of products moved
-by half within minutes, and a limit measured in a slow moment would flatter every backend. Without vllm installed, only transformers runs. With --warpers, the transformers backend
-also runs with transformers' own sampling step in place of r1kit's `Nucleus` (its temperature and
+by half within minutes, and a limit measured in a slow moment would flatter every backend.
+Without vllm installed, only transformers runs. With --warpers, the transformers backend also
+runs with transformers' own sampling step in place of r1kit's `Nucleus` (its temperature and
 top-p warpers, which sort the whole vocabulary, then a draw over all of it), for the ratio; with
 --generate, with ``model.generate`` in place of r1kit's decoding loop (r1kit.sampling.decode);
 with --unpacked, with the loop's linear layers left to torch (no r1kit.cpu.packed_linears); with
