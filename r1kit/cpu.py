@@ -216,7 +216,9 @@ class WholeVocabLogProbs(torch.autograd.Function):
                 parts["log_sum_sq_probs"].append(torch.linalg.vector_norm(e, dim=-1).square().log() - 2 * log_sum)
             if "entropy" in outputs:
                 parts["entropy"].append(log_sum - e.mul_(z).sum(-1) / sum_e)
-        result = {k: torch.cat(v) if v else None for k, v in parts.items()}
+        wanted = {"log_probs", "log_z", *outputs}  # empty, not None, when no token is scored (TRL's too)
+        empty = {k: hidden.new_empty(0, dtype=torch.bool if k == "is_top1" else torch.float32) for k in wanted}
+        result = {k: torch.cat(v) if v else empty.get(k) for k, v in parts.items()}
         log_z, entropy = result["log_z"], result["entropy"]
         ctx.save_for_backward(hidden, w, b, targets, log_z, log_z if entropy is None else entropy)
         ctx.dtypes, ctx.args = (dtype, hidden.dtype, weight.dtype, None if bias is None else bias.dtype), args
@@ -257,6 +259,10 @@ class WholeVocabLogProbs(torch.autograd.Function):
                 grad_weight = part.float() if grad_weight is None else grad_weight.add_(part)
             if needs_bias:
                 grad_bias = grad.sum(0) if grad_bias is None else grad_bias.add_(grad.sum(0))
+        if needs_weight and grad_weight is None:  # no token scored: a zero gradient, as TRL's function gives
+            grad_weight = torch.zeros(w.shape, dtype=weight_dtype)
+        if needs_bias and grad_bias is None:
+            grad_bias = torch.zeros(b.shape, dtype=bias_dtype)
         return (
             None if grad_hidden is None else grad_hidden.to(hidden_dtype),
             None if grad_weight is None else grad_weight.to(weight_dtype),

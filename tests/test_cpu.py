@@ -111,6 +111,40 @@ def test_whole_vocabulary_log_probs_match_trls_tiles(monkeypatch, autocast):
         torch.testing.assert_close(a, b, **tol)
 
 
+def test_whole_vocabulary_log_probs_of_no_tokens_are_empty_with_zero_gradients_as_trls():
+    """A micro-batch with no scored token (``mask_truncated_completions`` and every completion cut
+    off): empty outputs, not None, and zero gradients, as TRL's function gives."""
+    from trl.kernels import ChunkedLogProbFunction
+
+    outputs = ("log_probs", "entropy", "mean_logits", "is_top1")
+
+    def run(fn):
+        leaves = [torch.randn(0, 16, requires_grad=True), torch.randn(300, 16, requires_grad=True), torch.randn(300, requires_grad=True)]
+        out = fn.apply(*leaves, torch.zeros(0, dtype=torch.long), 0.7, 64, None, 1.0, outputs)
+        (out[0].sum() + out[1].sum()).backward()
+        return out, [t.grad for t in leaves]
+
+    (ours, our_grads), (trls, trl_grads) = run(cpu.WholeVocabLogProbs), run(ChunkedLogProbFunction)
+    assert [None if t is None else (t.shape, t.dtype) for t in ours] == [None if t is None else (t.shape, t.dtype) for t in trls]
+    assert ours[2] is None and ours[0].shape == (0,)
+    for a, b in zip(our_grads, trl_grads):
+        torch.testing.assert_close(a, b)
+
+
+def test_grpo_loss_with_every_completion_masked_is_zero_on_cpu(grpo_trainer):
+    """TRL's loss through r1kit's CPU head when ``mask_truncated_completions`` masks every
+    completion of the batch: zero, and its backward runs (it used to fail on a None)."""
+    trainer = grpo_trainer(4, 2, 6, beta=0.0, mask_truncated_completions=True)
+    ids = torch.randint(5, 100, (4, 11))
+    mask = torch.ones_like(ids)
+    mask[:, 5:] = 0  # TRL zeroes the completion mask of a truncated completion
+    with cpu.log_probs_on_cpu():
+        logps, entropies, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, 6, compute_entropy=True)
+    assert logps.shape == entropies.shape == (4, 6) and not logps.any()
+    logps.sum().backward()
+    assert all(not p.grad.any() for p in trainer.model.parameters() if p.grad is not None)
+
+
 class Scaled(torch.nn.Linear):
     """A subclass of nn.Linear (as quantized and adapter layers are): left as it is."""
 

@@ -14,6 +14,7 @@ import torch
 from r1kit import pipeline
 from r1kit.cli import main
 from r1kit.recipe import load_recipe
+from r1kit.stages import grpo
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = {"source": "task:addition", "task": {"n": 80, "digits": 1}}
@@ -57,7 +58,6 @@ def accuracy_run(write_recipe, cold_start, tmp_path, out: str) -> tuple[dict, li
 def test_grpo_raises_accuracy_on_a_verifiable_task(write_recipe, cold_start, tmp_path, monkeypatch):
     """Rollouts by r1kit's decoding loop (the CPU default) and by TRL's own generation (as where
     the loop does not apply): with the same seed, the accuracy rises in both, by about as much."""
-    from r1kit.stages import grpo
 
     record, acc = accuracy_run(write_recipe, cold_start, tmp_path, "run")
     monkeypatch.setattr(grpo, "decode_rollouts", lambda trainer: False)
@@ -103,6 +103,31 @@ def test_rollouts_go_through_r1kits_loop_unless_it_cannot_draw_them(write_recipe
     path = grpo_recipe(write_recipe, cold_start, [{"name": "math_accuracy"}], trainer={"top_k": 5})
     pipeline.run(load_recipe(path), restart_from="rl")
     assert calls == {"decode": 0, "generate": 2}
+
+
+@pytest.mark.parametrize(
+    "fields, model_config, beyond",
+    [
+        ({"temperature": 0.6, "top_p": 0.9}, {}, []),
+        ({"top_k": None}, {}, ["TopKLogitsWarper"]),  # TRL leaves it to transformers, which takes 50
+        ({"min_p": 0.1}, {}, ["MinPLogitsWarper"]),
+        ({}, {"no_repeat_ngram_size": 2}, ["NoRepeatNGramLogitsProcessor"]),  # from the model's generation_config.json
+        ({}, {"repetition_penalty": 1.2}, []),  # TRL's own repetition_penalty (1.0) overrides the model's
+    ],
+)
+def test_rollouts_leave_the_loop_where_generate_would_process_logits_beyond_temperature_and_top_p(
+    grpo_trainer, fields, model_config, beyond
+):
+    trainer = grpo_trainer(4, 2, 8, beta=0.0, **fields)
+    for name, value in model_config.items():
+        setattr(trainer.model.generation_config, name, value)
+    assert grpo.logits_processing_beyond_the_loop(trainer) == beyond
+    assert grpo.decode_rollouts(trainer) == (not beyond)
+
+
+def test_rollouts_without_a_completion_length_come_from_trl(grpo_trainer):
+    trainer = grpo_trainer(4, 2, None, beta=0.0)
+    assert not grpo.decode_rollouts(trainer)
 
 
 @pytest.mark.parametrize(

@@ -43,6 +43,7 @@ Not here: the reward functions themselves (rewards/), or any loss of r1kit's own
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -57,6 +58,8 @@ from r1kit.shared_prompts import score_prompts_once
 from r1kit.stages.base import StageContext, StageKind, StageResult
 from r1kit.training import checkpoint_step, last_checkpoint, make_metrics_log, read_metrics, train_and_save, trainer_args
 from r1kit.zero_advantage import skip_zero_advantage
+
+log = logging.getLogger(__name__)
 
 # The DeepSeek-R1 paper's GRPO (arXiv:2501.12948, section 2.2): KL coefficient 0.001, and the
 # sequence-level GRPO loss. TRL defaults to beta 0 and the DAPO token-level loss.
@@ -149,8 +152,11 @@ def decode_rollouts(trainer) -> bool:
     times faster. It draws from the same distribution as TRL's generation config (temperature and
     top-p, the policy's current weights), so the loss, TRL's log-probabilities and everything
     after generation are unchanged. Taken only where that holds: not with vLLM or continuous
-    batching, not for vision-language models, and not with top-k, min-p, a repetition penalty or
-    ``generation_kwargs``, which the loop does not apply (TRL's generation runs then, as before)."""
+    batching, not for vision-language models, not without a ``max_completion_length``, and not
+    where ``model.generate`` would apply anything beyond temperature and top-p to the logits (top-k,
+    TRL's ``top_k: null`` included, which transformers makes 50; min-p; a repetition penalty;
+    ``generation_kwargs``; or settings of the model's own generation_config.json such as
+    ``no_repeat_ngram_size``): TRL's generation runs then, as before."""
     from trl.models import unwrap_model_for_generation
 
     from r1kit.sampling.decode import Nucleus, decode
@@ -161,10 +167,12 @@ def decode_rollouts(trainer) -> bool:
         or trainer.use_transformers_continuous_batching
         or trainer._is_vlm
         or args.generation_kwargs
-        or args.top_k
-        or args.min_p is not None
-        or args.repetition_penalty != 1.0
+        or trainer.max_completion_length is None
     ):
+        return False
+    beyond = logits_processing_beyond_the_loop(trainer)
+    if beyond:
+        log.info("rollouts come from TRL's model.generate: r1kit's decoding loop does not apply %s", ", ".join(beyond))
         return False
     draw = Nucleus(args.temperature, args.top_p).draw
     eos_ids, pad_id = set(trainer.eos_token_ids), trainer._tokenizer.pad_token_id
@@ -189,6 +197,26 @@ def decode_rollouts(trainer) -> bool:
 
     trainer._generate_single_turn = generate
     return True
+
+
+def logits_processing_beyond_the_loop(trainer) -> list[str]:
+    """The logits processors TRL's ``model.generate`` call would apply other than temperature and
+    top-p (the only ones r1kit's decoding loop applies), by transformers' own reckoning from TRL's
+    generation config over the model's; on a transformers whose private helpers differ, a line
+    saying so."""
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        config, _ = model._prepare_generation_config(trainer.generation_config)
+        processors = model._get_logits_processor(config, device="cpu")
+    except (AttributeError, TypeError) as e:
+        return [f"a generation config it could not read ({type(e).__name__}: {e})"]
+    beyond = [type(p).__name__ for p in processors if not isinstance(p, (TemperatureLogitsWarper, TopPLogitsWarper))]
+    if (config.num_beams or 1) > 1:
+        beyond.append(f"beam search (num_beams {config.num_beams})")
+    return beyond
 
 
 def autocast_rollouts(trainer) -> None:
