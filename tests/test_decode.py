@@ -26,16 +26,21 @@ def model_and_tokenizer(cold_start):
     return AutoModelForCausalLM.from_pretrained(cold_start, dtype=torch.float32).eval(), tokenizer
 
 
-@pytest.fixture(params=["written-out step", "model forward"])
-def steps(request, monkeypatch):
-    """Decode with LlamaStep, or with the model's forward pass at each step; the batch widths of
-    the decoding steps."""
+@pytest.fixture(params=["written-out step", "model forward", "model forward, eager attention"])
+def steps(request, monkeypatch, model_and_tokenizer):
+    """Decode with LlamaStep, or with the model's forward pass at each step (with its attention
+    in SDPA, which the loop replaces by decode_attention, or in eager attention, which it leaves
+    alone: each row then reads a copy of its prompt's keys and values); the batch widths of the
+    decoding steps."""
     widths = []
-    if request.param == "model forward":
+    if request.param.startswith("model forward"):
         monkeypatch.setattr(llama_step.LlamaStep, "of", classmethod(lambda cls, *a, **kw: None))
     call = llama_step.LlamaStep.__call__
     monkeypatch.setattr(llama_step.LlamaStep, "__call__", lambda self, tokens, *a: widths.append(len(tokens)) or call(self, tokens, *a))
-    return request.param, widths
+    model = model_and_tokenizer[0]
+    model.set_attn_implementation("eager" if request.param.endswith("eager attention") else "sdpa")
+    yield request.param, widths
+    model.set_attn_implementation("sdpa")
 
 
 def generate_greedy(model, tokenizer, prompts, max_tokens, eos_id):
@@ -242,6 +247,18 @@ def test_nucleus_draws_one_token_a_row():
     logits = torch.randn(5, 300)
     tokens = Nucleus(0.6, 0.9).draw(logits)
     assert tokens.shape == (5,) and tokens.dtype == torch.long
+
+
+def test_categorical_draws_a_possible_token_at_the_top_of_the_unit_interval(monkeypatch):
+    """A uniform variate just under 1 (torch.rand's float64 draws reach 1 - 2**-53): rounding must
+    not carry the draw past the last possible token, into one of probability 0 or past the
+    vocabulary (a padded last block)."""
+    from r1kit.sampling.decode import categorical
+
+    logits = torch.zeros(2, 300)
+    logits[1, 200:] = -float("inf")
+    monkeypatch.setattr(torch, "rand", lambda *shape, dtype=None, device=None: torch.full(shape, 1 - 2.0**-30, dtype=dtype, device=device))
+    assert categorical(logits).tolist() == [299, 199]
 
 
 @pytest.mark.parametrize("vocab", [512, 700])

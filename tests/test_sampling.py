@@ -77,6 +77,23 @@ def test_greedy_outputs_agree_between_backends(hf, vllm_sampler):
     assert all(row[0].text == row[1].text for row in b)  # greedy: n equal samples
 
 
+def test_a_model_without_an_end_token_of_its_own_ends_samples_at_the_tokenizers(tiny_model, tmp_path):
+    """No eos_token_id in config.json or generation_config.json: the tokenizer's ends samples."""
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model, folder)
+    for name in ("config.json", "generation_config.json"):
+        if (folder / name).exists():
+            config = json.loads((folder / name).read_text())
+            config.pop("eos_token_id", None)
+            (folder / name).write_text(json.dumps(config))
+    sampler = load_sampler(str(folder), backend="transformers")
+    assert sampler.eos_ids == {sampler.tokenizer.eos_token_id}
+    out = sampler.generate_full(PROMPTS[:1], 2, SamplingParams(temperature=0.0, max_tokens=8))
+    assert len(out[0]) == 2 and all(1 <= c.tokens <= 8 for c in out[0])
+
+
 def test_unknown_backend_is_refused(trained):
     with pytest.raises(ValueError, match="backend must be one of auto, vllm, transformers"):
         load_sampler(str(trained), backend="jax")

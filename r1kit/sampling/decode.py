@@ -27,7 +27,9 @@ SmolLM2-135M, see bench/sampling.py):
   sorting the whole vocabulary at every step.
 
 Otherwise the model's own forward pass does the work: any decoder-only transformers model whose
-attention goes through transformers' attention interface and cache layers.
+attention goes through transformers' attention interface and cache layers. The shared prompt
+positions are read by `decode_attention` alone, which stands in for SDPA; with other attention
+(eager, flash) and no written-out step, each row gets its own copy of its prompt's keys and values.
 Greedy output equals ``model.generate``'s in float32 (a test checks it). Not here: beam search,
 repetition penalties, top-k / min-p, stop strings, or multimodal inputs.
 """
@@ -134,7 +136,7 @@ class GrowingLayer(DynamicLayer):
         """Keep batch rows `keep`, now `rows`, with room for `headroom` more positions of their
         own, and the prefixes of prompts `prompts` only (all when None)."""
         self.regrow(self.own_length() + headroom, keep)
-        if prompts is not None:
+        if prompts is not None and self.prefix is not None:
             self.prefix = (self.prefix[0][prompts], self.prefix[1][prompts])
         self.rows = rows
 
@@ -203,13 +205,14 @@ ALL_MASK_ATTENTION_FUNCTIONS.register("r1kit_decode", sdpa_mask)
 @contextlib.contextmanager
 def decoding_attention(model):
     """`decode_attention` in `model` while decoding, where it uses SDPA (as transformers' models do
-    by default); eager or flash attention is left as it is."""
+    by default); eager or flash attention is left as it is. Yields whether the decoder's layers
+    now attend with it."""
     configs = [m.config for m in model.modules() if getattr(m, "config", None) is not None]
     configs = [c for c in {id(c): c for c in configs}.values() if c._attn_implementation == "sdpa"]
     for config in configs:
         config._attn_implementation = "r1kit_decode"
     try:
-        yield
+        yield model.config.get_text_config(decoder=True)._attn_implementation == "r1kit_decode"
     finally:
         for config in configs:
             config._attn_implementation = "sdpa"
@@ -247,14 +250,17 @@ def decode(
     cache = DynamicCache()
     cache.layers = [GrowingLayer() for _ in range(model.config.get_text_config(decoder=True).num_hidden_layers)]
     autocast = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
-    with decoding_attention(model), cpu.packed_linears(model, sum(counts), autocast):
+    with decoding_attention(model) as ours, cpu.packed_linears(model, sum(counts), autocast):
         lean = LlamaStep.of(model, sum(counts), decode_attention, autocast)  # None: the model's forward pass decodes
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, logits_to_keep=1)
         # Each prompt's row once per sample: the prompt's cached positions shared, mask, positions and logits.
         rows = torch.repeat_interleave(torch.arange(len(prompts), device=device), torch.tensor(counts, device=device))
         shared = PromptRows(rows, len(prompts))
         for layer in cache.layers:
-            layer.share(shared, min(BLOCK, max_tokens), autocast if lean else None)
+            if lean or ours:  # decode_attention reads a prompt's positions once for all its rows
+                layer.share(shared, min(BLOCK, max_tokens), autocast if lean else None)
+            else:  # the model's own attention (eager, flash) reads a copy of them in each row
+                layer.regrow(layer.own_length() + BLOCK, keep=rows)
         logits, positions = out.logits[rows, -1], positions[rows, -1:]
         mask = torch.cat([mask[rows], mask.new_ones(len(rows), max_tokens)], dim=1)  # a slice of it per step
         eos = torch.tensor(sorted(eos_ids), device=device)
@@ -344,9 +350,15 @@ def categorical(logits: torch.Tensor, block: int = 256) -> torch.Tensor:
     weights = weights.view(rows, -1, block)
     masses = weights.sum(-1).double()
     ends = masses.cumsum(-1)
-    target = torch.rand(rows, 1, dtype=torch.float64) * ends[:, -1:]
-    which = torch.searchsorted(ends, target, right=True).clamp_(max=ends.size(1) - 1)
-    share = (target - (ends.gather(1, which) - masses.gather(1, which))) / masses.gather(1, which)
-    inside = weights[torch.arange(rows), which[:, 0]].cumsum(-1)
-    token = torch.searchsorted(inside, share.float() * inside[:, -1:], right=True).clamp_(max=block - 1)
+    target = _below(torch.rand(rows, 1, dtype=torch.float64, device=logits.device) * ends[:, -1:], ends[:, -1:])
+    which = torch.searchsorted(ends, target, right=True)  # the first block whose running sum passes the target
+    share = ((target - (ends.gather(1, which) - masses.gather(1, which))) / masses.gather(1, which)).clamp_(min=0.0)
+    inside = weights[torch.arange(rows, device=logits.device), which[:, 0]].cumsum(-1)
+    token = torch.searchsorted(inside, _below(share.float() * inside[:, -1:], inside[:, -1:]), right=True)
     return (which * block + token).squeeze(1)
+
+
+def _below(x: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """`x` held under `total`, which rounding can bring it to: a search for the first running
+    sum past it then lands on a token (or block) of positive weight, never past the last one."""
+    return torch.minimum(x, torch.nextafter(total, torch.zeros_like(total)))

@@ -34,8 +34,8 @@ class HFSampler:
         self.model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(device).eval()
         self.batch_size = batch_size
         eos = self.model.generation_config.eos_token_id
-        self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
-        """The tokens that end a sample: the generation config's and the tokenizer's."""
+        self.eos_ids = {i for i in [*(eos if isinstance(eos, list) else [eos]), self.tokenizer.eos_token_id] if i is not None}
+        """The tokens that end a sample: the generation config's and the tokenizer's (either may have none)."""
 
     def generate(self, prompts: list[str], n: int, params: SamplingParams) -> list[list[str]]:
         return [[c.text for c in row] for row in self.generate_full(prompts, n, params)]
