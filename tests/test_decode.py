@@ -84,6 +84,29 @@ def test_samples_that_end_leave_the_batch_and_the_others_go_on(model_and_tokeniz
     assert widths[1:] == sorted(widths[1:], reverse=True) and widths[-1] < sum(counts)  # ended rows left
 
 
+def test_attention_dropout_in_training_mode_still_reads_each_rows_prompt(model_and_tokenizer, monkeypatch, steps):
+    """A model in training mode with attention dropout (GRPO rollouts, TRL's ``disable_dropout``
+    being off by default) passes dropout to the attention: the one-token-a-row attention applies
+    it and still attends to the prompt's shared positions. With dropout made the identity, the
+    samples are generate's without dropout."""
+    model, tokenizer = model_and_tokenizer
+    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    expected = generate_greedy(model, tokenizer, PROMPTS, 12, tokenizer.pad_token_id)
+    rates = []
+    monkeypatch.setattr(torch.nn.functional, "dropout", lambda x, p=0.5, training=True, inplace=False: rates.append(p) or x)
+    sdpa = torch.nn.functional.scaled_dot_product_attention  # the prefill's: no dropout either
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", lambda *a, dropout_p=0.0, **kw: sdpa(*a, **kw))
+    for layer in model.model.layers:
+        monkeypatch.setattr(layer.self_attn, "attention_dropout", 0.25)
+    model.train()
+    try:
+        got = decode(model, ids, [2, 1, 3, 1], 12, greedy, {tokenizer.pad_token_id}, tokenizer.pad_token_id)
+    finally:
+        model.eval()
+    assert got == [expected[0]] * 2 + [expected[1]] + [expected[2]] * 3 + [expected[3]]
+    assert rates and set(rates) == {0.25}  # the decoding steps' attention applied the model's dropout
+
+
 def llama(**overrides):
     from transformers import LlamaConfig, LlamaForCausalLM
 

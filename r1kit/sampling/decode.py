@@ -142,14 +142,15 @@ class GrowingLayer(DynamicLayer):
 
 
 def decode_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Attention for one new token a row; several a row (a prefill, a training step) go to SDPA.
+    """Attention for one new token a row (with the model's dropout on its weights, as in SDPA,
+    when the model is training: GRPO rollouts); several a row (a prefill, a training step) go to SDPA.
 
     Keys and values that are views of a `GrowingLayer`'s buffers are read over the buffers' whole
     capacity, the positions past the cached ones masked out: a slice of a buffer is no plain
     matrix, and the matmuls would copy it at every step. With a shared prefix, each prompt's
     queries (all its rows') attend to its prefix in one product, and each row to its own
     positions; one softmax over both."""
-    if query.shape[2] != 1 or dropout:
+    if query.shape[2] != 1:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     batch, heads, _, dim = query.shape
     groups, length = key.shape[1], key.shape[2]
@@ -176,6 +177,8 @@ def decode_attention(module, query, key, value, attention_mask, scaling=None, dr
             scores[..., :length] += attention_mask
     scores[..., length:] = float("-inf")
     probs = scores.softmax(dim=-1, dtype=torch.float32).to(value.dtype)
+    if dropout:  # on the attention weights, as SDPA's (a model in training mode: GRPO rollouts)
+        probs = torch.nn.functional.dropout(probs, dropout)
     if shared is None:
         out = torch.matmul(probs, value)
     else:

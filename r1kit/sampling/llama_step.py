@@ -85,7 +85,8 @@ class LlamaStep:
                 qkv = self.qkv[i](h, compute).view(rows, qk + self.kv_heads, self.dim)
                 qk_rot = _rotate(qkv[:, :qk], cos, sin).to(compute)
                 keys, values = cache.layers[i].update(qk_rot[:, self.heads :, None], qkv[:, qk:, None])
-                out, _ = self.attention(attn, qk_rot[:, : self.heads, None], keys, values, mask, scaling=self.scaling)
+                dropout = getattr(attn, "attention_dropout", 0.0) if attn.training else 0.0  # as the model's own attention
+                out, _ = self.attention(attn, qk_rot[:, : self.heads, None], keys, values, mask, scaling=self.scaling, dropout=dropout)
                 x = x + _linear(attn.o_proj, out.view(rows, -1), compute)
                 h = layer.post_attention_layernorm(x).to(compute)
                 gate, up = self.gate_up[i](h, compute).chunk(2, dim=-1)
