@@ -113,6 +113,7 @@ def test_rollouts_go_through_r1kits_loop_unless_it_cannot_draw_them(write_recipe
         ({"min_p": 0.1}, {}, ["MinPLogitsWarper"]),
         ({}, {"no_repeat_ngram_size": 2}, ["NoRepeatNGramLogitsProcessor"]),  # from the model's generation_config.json
         ({}, {"repetition_penalty": 1.2}, []),  # TRL's own repetition_penalty (1.0) overrides the model's
+        ({}, {"stop_strings": ["\n\n"]}, ["stop_strings"]),
     ],
 )
 def test_rollouts_leave_the_loop_where_generate_would_process_logits_beyond_temperature_and_top_p(

@@ -202,8 +202,8 @@ def decode_rollouts(trainer) -> bool:
 def logits_processing_beyond_the_loop(trainer) -> list[str]:
     """The logits processors TRL's ``model.generate`` call would apply other than temperature and
     top-p (the only ones r1kit's decoding loop applies), by transformers' own reckoning from TRL's
-    generation config over the model's; on a transformers whose private helpers differ, a line
-    saying so."""
+    generation config over the model's, and beam search or stop strings and time limits it would
+    honour; on a transformers whose private helpers differ, a line saying so."""
     from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
     model = trainer.accelerator.unwrap_model(trainer.model)
@@ -216,6 +216,7 @@ def logits_processing_beyond_the_loop(trainer) -> list[str]:
     beyond = [type(p).__name__ for p in processors if not isinstance(p, (TemperatureLogitsWarper, TopPLogitsWarper))]
     if (config.num_beams or 1) > 1:
         beyond.append(f"beam search (num_beams {config.num_beams})")
+    beyond += [name for name in ("stop_strings", "max_time") if getattr(config, name, None)]  # stopping criteria
     return beyond
 
 
