@@ -56,10 +56,21 @@ def _parser() -> argparse.ArgumentParser:
     score.add_argument("--input", default="-", help="jsonl file (default: stdin)")
     score.add_argument("--output", default="-", help="jsonl file (default: stdout)")
     score.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="reward parameter (repeatable)")
-    score.add_argument("--batch-size", type=int, default=1024, help="rows per reward call (default: 1024)")
+    score.add_argument("--batch-size", type=_positive_int, default=1024, help="rows per reward call (default: 1024)")
 
     _add_eval(sub)
     return p
+
+
+def _positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
 
 
 class _Defaults(argparse.HelpFormatter):
@@ -286,7 +297,10 @@ def _cmd_rewards_score(args) -> None:
     else:
         from r1kit.files import write_atomic
 
-        write_atomic(args.output, text)
+        try:
+            write_atomic(args.output, text)
+        except OSError as exc:
+            raise RecipeError(f"{args.output}: cannot write the scores ({exc.strerror})") from None
     valid = [s for s in scores if s is not None]
     mean = sum(valid) / len(valid) if valid else float("nan")
     print(

@@ -48,6 +48,8 @@ that game the asserts (an object whose ``__eq__`` is always true passes ``assert
 
 from __future__ import annotations
 
+import ast
+import io
 import json
 import re
 import signal
@@ -168,7 +170,27 @@ def assemble(program: str, t: Tests) -> str:
     solutions, so that a program's ``if __name__ == "__main__":`` block (reading stdin, a demo)
     stays out of the way."""
     check = f"\n\ncheck({t.entry_point})\n" if t.entry_point else "\n"
-    return f"__name__ = '__solution__'\n{program}\n\n{t.tests}{check}"
+    lines, first = io.StringIO(program, newline="").readlines(), _first_lines(program)  # split where Python counts lines
+    head, body = "".join(lines[:first]), "".join(lines[first:])
+    if head and not head.endswith(("\n", "\r")):
+        head += "\n"
+    return f"{head}__name__ = '__solution__'\n{body}\n\n{t.tests}{check}"
+
+
+def _first_lines(program: str) -> int:
+    """Lines of the program's docstring and ``from __future__`` imports: they must come first in a
+    module, so ``__name__`` is set after them."""
+    try:
+        nodes = ast.parse(program).body
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+        return 0
+    end = 0
+    for i, node in enumerate(nodes):
+        docstring = i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+        if not (docstring or (isinstance(node, ast.ImportFrom) and node.module == "__future__")):
+            break
+        end = node.end_lineno
+    return end
 
 
 def failure(r: RunResult) -> str:

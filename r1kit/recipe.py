@@ -28,9 +28,11 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
     """Read, override and check a recipe file. Raises RecipeError with a one-line message."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise RecipeError(f"{path}: cannot read recipe ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise RecipeError(f"{path}: not UTF-8 text (byte {exc.start}); save the recipe as UTF-8") from None
     try:
         raw = parse_yaml(text)
     except yaml.YAMLError as exc:

@@ -44,6 +44,13 @@ def test_score_errors_are_one_line_exit_2(tmp_path, capsys):
     assert "has no parameter 'mood'" in capsys.readouterr().err
     assert main(["rewards", "score", "format", "--input", str(tmp_path / "missing.jsonl")]) == 2
     assert "cannot read" in capsys.readouterr().err
+    src.write_text('{"completion": "x", "answer": "1"}\n')
+    assert main(["rewards", "score", "format", "--input", str(src), "--output", str(tmp_path / "no" / "such" / "out.jsonl")]) == 2
+    assert "cannot write the scores" in capsys.readouterr().err
+    for size in ("0", "-1"):  # no row would be scored: a usage error, not an empty output
+        with pytest.raises(SystemExit) as exit:
+            main(["rewards", "score", "format", "--input", str(src), "--batch-size", size])
+        assert exit.value.code == 2 and "--batch-size: expected a whole number of at least 1" in capsys.readouterr().err
 
 
 def test_a_users_own_rewards_module_does_not_shadow_the_builtins(tmp_path):

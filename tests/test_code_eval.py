@@ -159,6 +159,16 @@ def test_main_guard_stays_out_of_test_runs_and_runs_in_stdin_programs():
     assert [v.ok for v in judge([guarded, guarded], [ADD, cases], limits=limits)] == [True, True]
 
 
+@pytest.mark.parametrize("head", ["from __future__ import annotations\n", '"""Adds."""\r\nfrom __future__ import annotations, division\r\n'])
+def test_a_program_may_open_with_its_docstring_and_future_imports(head):
+    """They must come first in a module: the harness's own first line goes after them."""
+    program = head + "def add(a: int, b: int) -> int:\n    return a + b\n\nif __name__ == '__main__':\n    print(add(*map(int, input().split())))\n"
+    limits = Limits(wall_s=5.0, cpu_s=5.0)
+    cases = UnitTests(test_cases=[{"input": "1 2\n", "output": "3\n"}])
+    assert [v.ok for v in judge([program, program], [ADD, cases], limits=limits)] == [True, True]
+    assert code_tests([f"```python\n{program}```"], tests=[ADD.tests]) == [1.0]
+
+
 def test_an_unclosed_think_after_a_prefilled_prompt_has_no_program():
     cut = "I will write add:\n```python\ndef add(a, b):\n    return a + b\n```\nthen check it"
     limits = Limits(wall_s=5.0, cpu_s=5.0)

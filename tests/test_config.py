@@ -80,6 +80,10 @@ def test_invalid_yaml_and_missing_file(tmp_path, capsys):
     assert f"{bad}: not valid YAML at line" in capsys.readouterr().err
     assert main(["validate", str(tmp_path / "nope.yaml")]) == 2
     assert "cannot read recipe" in capsys.readouterr().err
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("model: café\n".encode("latin-1"))
+    assert main(["validate", str(latin1)]) == 2
+    assert f"{latin1}: not UTF-8 text" in capsys.readouterr().err
 
 
 def test_missing_local_data_file_is_refused_before_running(write_recipe, tmp_path, capsys):
