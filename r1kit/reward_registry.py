@@ -8,8 +8,9 @@ A reward is a plain batch function::
 (``answer``, ``tests``, ``task``, ...) arrive as keyword arguments, one list per column, aligned
 with `completions`. Keyword-only arguments with defaults are the reward's *parameters*: a recipe
 sets them next to the reward's name (``{name: math_accuracy, weight: 1.0, fallback: last_number}``);
-one annotated ``Literal[...]`` takes only those values, and one annotated
-``Annotated[..., REQUIRED]`` must be set; both are checked when the recipe is validated.
+one annotated ``Literal[...]`` takes only those values, one annotated
+``Annotated[..., REQUIRED]`` must be set, and one annotated ``Annotated[..., POSITIVE]`` must be
+above 0 (a timeout, a length); all are checked when the recipe is validated.
 ``None`` in the result means "not applicable to this sample": trainers skip it instead of
 teaching it as wrong. A column named like one of the reward's parameters does not reach it: the
 parameter keeps its configured value.
@@ -101,10 +102,19 @@ REQUIRED = "required"
 argument without a default is a column the reward reads, not a parameter.)"""
 
 
+POSITIVE = "positive"
+"""Marks a number parameter that must be above 0: ``timeout: Annotated[float, POSITIVE] = 5.0``."""
+
+
+def marked(fn: RewardFn, mark: str) -> list[str]:
+    """The reward's parameters marked ``Annotated[..., mark]``."""
+    hints = typing.get_type_hints(fn, include_extras=True)
+    return [k for k, tp in hints.items() if typing.get_origin(tp) is typing.Annotated and mark in tp.__metadata__]
+
+
 def required(fn: RewardFn) -> list[str]:
     """The reward's parameters marked ``Annotated[..., REQUIRED]``."""
-    hints = typing.get_type_hints(fn, include_extras=True)
-    return [k for k, tp in hints.items() if typing.get_origin(tp) is typing.Annotated and REQUIRED in tp.__metadata__]
+    return marked(fn, REQUIRED)
 
 
 def choices(fn: RewardFn) -> dict[str, tuple]:
@@ -226,7 +236,7 @@ def build(name: str, params: dict[str, Any] | None = None, weight: float = 1.0) 
     ``params["when"]``, if present, is the routing (see the module docstring), not a parameter.
     """
     fn = load(name)
-    allowed, needed, literal = parameters(fn), required(fn), choices(fn)
+    allowed, needed, literal, positive = parameters(fn), required(fn), choices(fn), marked(fn, POSITIVE)
     params = dict(params or {})
     when = _check_when(name, params.pop("when", {}))
     for key, value in params.items():
@@ -242,6 +252,8 @@ def build(name: str, params: dict[str, Any] | None = None, weight: float = 1.0) 
                 f"got {value!r}{suggest(str(value), [str(c) for c in literal[key]])}"
             )
         params[key] = _check_type(name, key, value, allowed[key])
+        if key in positive and not params[key] > 0:
+            raise RewardError(f"reward {name!r}: parameter {key!r} must be above 0; got {value!r}")
     missing = [k for k in needed if not params.get(k)]
     if missing:
         raise RewardError(f"reward {name!r} needs parameter {missing[0]!r} (set it beside the reward's name)")

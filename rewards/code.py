@@ -17,10 +17,11 @@ Not here: the sandbox (r1kit.sandbox) and the judging rules (r1kit.judge).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from r1kit.errors import RewardError
 from r1kit.judge import CODE_FIELDS, Tests, judge
+from r1kit.reward_registry import POSITIVE
 from r1kit.sandbox import Limits
 from r1kit.text import opens_think
 
@@ -32,8 +33,8 @@ def code_tests(
     *,
     extract: Literal["last_block", "whole"] = "last_block",
     mode: Literal["fraction", "all"] = "fraction",
-    timeout: float = 3.0,
-    memory_mb: int = 1024,
+    timeout: Annotated[float, POSITIVE] = 3.0,
+    memory_mb: Annotated[int, POSITIVE] = 1024,
     **columns,
 ) -> list[float | None]:
     """Runs the completion's program against the sample's unit tests in a sandbox."""

@@ -27,10 +27,15 @@ it counts a Chinese word of two characters twice, so mixed texts lean slightly t
 
 from __future__ import annotations
 
+from typing import Literal
+
 from r1kit.errors import RewardError
 from r1kit.text import SCRIPTS, chain_of_thought, target_share
 
-def language_consistency(completions: list[str], *, language: str = "en", **columns) -> list[float]:
+LANGUAGES = tuple(SCRIPTS)
+
+
+def language_consistency(completions: list[str], *, language: Literal[LANGUAGES] = "en", **columns) -> list[float]:
     """Share of the chain of thought written in the target language (R1's language reward).
 
     `language` is one of en, zh, ja, ko, ru (checked by script, see the module docstring).

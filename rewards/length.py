@@ -11,8 +11,14 @@ whitespace-separated words.
 
 from __future__ import annotations
 
+from typing import Annotated
 
-def overlong_penalty(completions: list[str], *, max_length: int = 20480, cache: int = 4096, **columns) -> list[float]:
+from r1kit.reward_registry import POSITIVE
+
+
+def overlong_penalty(
+    completions: list[str], *, max_length: Annotated[int, POSITIVE] = 20480, cache: Annotated[int, POSITIVE] = 4096, **columns
+) -> list[float]:
     """DAPO soft overlong punishment: 0 when short, linear down to -1 in the last `cache` tokens."""
     if not 0 < cache <= max_length:
         raise ValueError(f"overlong_penalty: need 0 < cache <= max_length, got cache={cache}, max_length={max_length}")

@@ -48,8 +48,10 @@ import logging
 import math
 import re
 from fractions import Fraction
+from typing import Annotated
 
 from r1kit.errors import RewardError
+from r1kit.reward_registry import POSITIVE
 from r1kit.rewards import math_pool
 from r1kit.text import Fallback, extract_answer
 
@@ -218,7 +220,7 @@ def math_accuracy(
     *,
     answer_column: str = "answer",
     fallback: Fallback = "none",
-    timeout: float = 5.0,
+    timeout: Annotated[float, POSITIVE] = 5.0,
     **columns,
 ) -> list[float | None]:
     """1.0 when the completion's final answer equals the reference answer (math-verify), else 0.0.

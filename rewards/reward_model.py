@@ -40,7 +40,7 @@ import os
 from typing import Annotated, Literal
 
 from r1kit.errors import RewardError
-from r1kit.reward_registry import REQUIRED
+from r1kit.reward_registry import POSITIVE, REQUIRED
 
 TEXTS = ("summary", "full")
 NORMALIZE = ("none", "sigmoid")
@@ -101,8 +101,8 @@ def reward_model(
     text: Literal["summary", "full"] = "summary",
     prompt_column: str = "prompt",
     normalize: Literal["none", "sigmoid"] = "none",
-    batch_size: int = 8,
-    max_length: int = 4096,
+    batch_size: Annotated[int, POSITIVE] = 8,
+    max_length: Annotated[int, POSITIVE] = 4096,
     **columns,
 ) -> list[float]:
     """Score of a sequence-classification reward model for the summary (or the full completion).
