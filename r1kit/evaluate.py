@@ -67,7 +67,7 @@ from r1kit.metrics import score, summarize
 from r1kit.sampling.base import SamplingConfig
 from r1kit.sandbox import Limits
 from r1kit.templates import Prompting
-from r1kit.text import FALLBACKS, Fallback
+from r1kit.text import FALLBACKS, Fallback, opens_think
 
 log = logging.getLogger("r1kit")
 
@@ -240,7 +240,8 @@ def evaluate(
                 # Seeded by the call's first position, so a rerun of the same call samples the same.
                 params = SamplingParams(settings.temperature, settings.top_p, settings.max_tokens, settings.seed + start)
                 completions = engine.generate_full(prompts, settings.samples, params)
-                new = score(chunk, completions, settings.answer_fallback, limits(settings), settings.think_prefill)
+                # A prompt that opens <think> (think_prefill, or the template's own) leaves each completion inside it.
+                new = score(chunk, completions, settings.answer_fallback, limits(settings), [opens_think(p) for p in prompts])
                 for p in chunk:
                     append_synced(f, "".join(json.dumps(r) + "\n" for r in new if r["id"] == p.id))
                 rows += new

@@ -25,6 +25,8 @@ from r1kit.sandbox import Limits
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from n samples of which c are correct (Chen et al. 2021), k <= n."""
+    if not 0 < k <= n:
+        raise ValueError(f"pass@k needs 0 < k <= n samples; got k={k}, n={n}")
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
@@ -117,13 +119,16 @@ def math_verifier(fallback: str = "none"):
 
 
 def score(
-    problems: list[Problem], completions: list[list[Any]], fallback: str, limits: Limits, prefilled: bool = False
+    problems: list[Problem], completions: list[list[Any]], fallback: str, limits: Limits, prefilled: bool | list[bool] = False
 ) -> list[dict]:
     """samples.jsonl rows for each problem's completions (objects with text, tokens, truncated),
-    in order; code runs in the sandbox under `limits`; `prefilled`: the prompts opened <think>."""
+    in order; code runs in the sandbox under `limits`; `prefilled`: the prompts opened <think>
+    (all of them, or each problem's)."""
     from r1kit.judge import judge
     from r1kit.text import extract_answer
 
+    opened = prefilled if isinstance(prefilled, list) else [prefilled] * len(problems)
+    inside = {p.id: o for p, o in zip(problems, opened)}
     flat = [(p, j, c) for p, cs in zip(problems, completions) for j, c in enumerate(cs)]
     math = [x for x in flat if x[0].domain == "math"]
     code = [x for x in flat if x[0].domain == "code"]
@@ -133,7 +138,7 @@ def score(
                     "correct": None if v is None else v == 1.0, "tokens": c.tokens, "truncated": c.truncated}
         for (p, j, c), v in zip(math, verdicts)
     }
-    for (p, j, c), v in zip(code, judge([c.text for _, _, c in code], [p.tests for p, _, _ in code], limits=limits, prefilled=[prefilled] * len(code)) if code else []):
+    for (p, j, c), v in zip(code, judge([c.text for _, _, c in code], [p.tests for p, _, _ in code], limits=limits, prefilled=[inside[p.id] for p, _, _ in code]) if code else []):
         rows[p.id, j] = {"id": p.id, "sample": j, "completion": c.text, "correct": v.ok if v.total else None, "reason": v.reason,
                          "tests": [v.passed, v.total], "tokens": c.tokens, "truncated": c.truncated}
     return [rows[p.id, j] for p, j, _ in flat]

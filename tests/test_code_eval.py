@@ -169,6 +169,27 @@ def test_a_program_may_open_with_its_docstring_and_future_imports(head):
     assert code_tests([f"```python\n{program}```"], tests=[ADD.tests]) == [1.0]
 
 
+def test_the_evaluator_reads_a_template_that_opens_think_as_the_reward_does(tmp_path):
+    """A template that opens <think> itself (not think_prefill): a completion cut off inside its
+    reasoning has no program yet, for the evaluator as for the code_tests reward."""
+    from r1kit import evaluate as ev
+
+    class Cut:
+        backend, tokenizer = "scripted", None
+
+        def generate_full(self, prompts, n, params):
+            self.prompts = prompts
+            text = "I could write\n```python\ndef add(a, b):\n    return a + b\n```\nbut first check the edge cases of"
+            return [[Completion(text, 16, True) for _ in range(n)] for _ in prompts]
+
+    (tmp_path / "b.jsonl").write_text(json.dumps({"id": "a", "problem": "Write add(a, b).", "tests": ADD.tests}) + "\n")
+    sampler = Cut()
+    settings = ev.Settings(samples=2, template="{prompt}\n<think>\n", max_tokens=16)
+    summary = ev.evaluate(load_benchmark(str(tmp_path / "b.jsonl")), tmp_path / "out", settings, model="m", sampler=lambda: sampler)
+    assert summary["pass@1"] == 0.0
+    assert code_tests([Cut().generate_full(["p"], 1, None)[0][0].text], tests=[ADD.tests], prompt=sampler.prompts) == [0.0]
+
+
 def test_an_unclosed_think_after_a_prefilled_prompt_has_no_program():
     cut = "I will write add:\n```python\ndef add(a, b):\n    return a + b\n```\nthen check it"
     limits = Limits(wall_s=5.0, cpu_s=5.0)

@@ -39,6 +39,12 @@ def test_pass_at_k_is_the_unbiased_estimator(n, c, k, expected):
     assert math.isclose(metrics.pass_at_k(n, c, k), expected)
 
 
+@pytest.mark.parametrize("n, c, k", [(4, 0, 8), (4, 4, 0)])
+def test_pass_at_k_beyond_the_samples_is_refused(n, c, k):
+    with pytest.raises(ValueError, match="0 < k <= n"):
+        metrics.pass_at_k(n, c, k)
+
+
 def test_majority_vote_clusters_equivalent_answers_and_breaks_ties_by_first_appearance():
     votes = metrics.majority_votes(
         [
