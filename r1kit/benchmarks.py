@@ -207,8 +207,8 @@ def load_benchmark(
                     raise EvalError(f"{source}: {exc}") from None
             problems.append(Problem(pid, str(row[problem_field]), None, groups, tests))
             continue
-        answer = _answer_text(row[answer_field])
-        if hub is not None and hub.answer_from is not None:
+        answer = None if row[answer_field] is None else _answer_text(row[answer_field])  # None: unscorable
+        if answer is not None and hub is not None and hub.answer_from is not None:
             answer = hub.answer_from(answer)
         problems.append(Problem(pid, str(row[problem_field]), answer, groups))
     if not problems:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from r1kit.text import SCRIPTS, chain_of_thought, target_share
+from r1kit.text import chain_of_thought, countable_words, target_share
 
 REASONS = (
     "truncated",
@@ -88,7 +88,7 @@ class FilterConfig:
 
 def is_mixed_language(cot: str, language: str, min_share: float) -> bool:
     """True when `cot` has words and under `min_share` of them are in `language`'s script."""
-    if not any(target_share(cot, other) > 0 for other in SCRIPTS):
+    if not countable_words(cot):
         return False  # no countable word in any script: math or numbers alone
     return target_share(cot, language) < min_share
 

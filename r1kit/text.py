@@ -215,10 +215,15 @@ def _strip_math(text: str) -> str:
     return _COMMAND.sub(" ", "".join(parts))
 
 
+def countable_words(text: str) -> list[str]:
+    """The words of `text` in any script, outside its math, single Latin letters (variables) left out."""
+    return [w for w in _WORD.findall(_strip_math(text)) if not _SINGLE_LATIN.fullmatch(w)]
+
+
 def target_share(text: str, language: str) -> float:
     """Share of countable words of `text` written in `language`'s script; 0.0 if none."""
     script = SCRIPTS[language]
-    words = [w for w in _WORD.findall(_strip_math(text)) if not _SINGLE_LATIN.fullmatch(w)]
+    words = countable_words(text)
     if not words:
         return 0.0
     return sum(1 for w in words if script.fullmatch(w)) / len(words)

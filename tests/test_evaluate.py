@@ -39,6 +39,16 @@ def test_pass_at_k_is_the_unbiased_estimator(n, c, k, expected):
     assert math.isclose(metrics.pass_at_k(n, c, k), expected)
 
 
+def test_a_problem_without_a_reference_answer_is_unscorable(tmp_path):
+    """A null answer is no answer: not the string "None", which \\boxed{None} would match."""
+    (tmp_path / "b.jsonl").write_text('{"id": "a", "problem": "?", "answer": null}\n{"id": "b", "problem": "1 + 2", "answer": 3}\n')
+    bench = benchmarks.load_benchmark(str(tmp_path / "b.jsonl"))
+    assert [p.answer for p in bench.problems] == [None, "3"]
+    (tmp_path / "gen.jsonl").write_text('{"id": "a", "completion": "\\\\boxed{None}"}\n{"id": "b", "completion": "\\\\boxed{3}"}\n')
+    summary = ev.score_completions(bench, tmp_path / "gen.jsonl", tmp_path / "out")
+    assert (summary["problems"], summary["unscorable"], summary["pass@1"]) == (1, 1, 1.0)
+
+
 @pytest.mark.parametrize("n, c, k", [(4, 0, 8), (4, 4, 0)])
 def test_pass_at_k_beyond_the_samples_is_refused(n, c, k):
     with pytest.raises(ValueError, match="0 < k <= n"):

@@ -39,6 +39,8 @@ def test_a_clean_sample_passes_every_filter():
         ("先算个位 then carry the one 到十位", "zh", True),
         ("$3 + 4 = 7$, 12 + 30 = 42", "en", False),  # math only: no words, nothing mixed
         ("", "en", False),
+        ("نجمع الآحاد أولا ثم العشرات", "en", True),  # a script no language of r1kit's has: still words
+        ("Προσθέτουμε πρώτα τις μονάδες", "en", True),
     ],
 )
 def test_mixed_language(cot, language, expected):
