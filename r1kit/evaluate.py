@@ -280,8 +280,10 @@ def score_completions(
     sandbox: Limits | None = None, prefilled: bool = False,
 ) -> dict[str, Any]:
     """Score existing generations: rows {"id", "completion"} (optionally "sample", "tokens",
-    "truncated"), the same number of rows for every problem (k samples each); code runs under
-    `sandbox` (default: the protocol's limits); `prefilled`: their prompts opened <think>."""
+    "truncated"), the same number of rows for every problem (k samples each), a problem's in the
+    order of their "sample" numbers where they carry them (else as listed: cons@k breaks ties by
+    that order); code runs under `sandbox` (default: the protocol's limits); `prefilled`: their
+    prompts opened <think>."""
     from r1kit.data import read_jsonl
 
     path = Path(completions)
@@ -290,11 +292,18 @@ def score_completions(
     given: dict[str, list] = defaultdict(list)
     seen: set[tuple[str, Any]] = set()
     for lineno, row in enumerate(read_jsonl(path), 1):
-        given[str(row.get("id"))].append(_completion(path, lineno, row))
-        if "sample" in row:
-            if (str(row["id"]), row["sample"]) in seen:
-                raise EvalError(f"{path}: row {lineno}: sample {row['sample']!r} of id {row['id']!r} appears twice")
-            seen.add((str(row["id"]), row["sample"]))
+        sample = row.get("sample")
+        if sample is not None and (isinstance(sample, bool) or not isinstance(sample, int)):
+            raise EvalError(f"{path}: row {lineno}: sample must be a whole number or null, got {sample!r}")
+        given[str(row.get("id"))].append((sample, _completion(path, lineno, row)))
+        if sample is not None:
+            if (str(row["id"]), sample) in seen:
+                raise EvalError(f"{path}: row {lineno}: sample {sample!r} of id {row['id']!r} appears twice")
+            seen.add((str(row["id"]), sample))
+    for rows in given.values():
+        if all(sample is not None for sample, _ in rows):
+            rows.sort(key=lambda pair: pair[0])
+    given = {i: [c for _, c in rows] for i, rows in given.items()}
     ids = [p.id for p in bench.problems]
     unknown = sorted(set(given) - set(ids))
     if unknown:

@@ -49,8 +49,8 @@ def _fmt(value) -> str:
 def accuracy_table(rows: list[dict]) -> str:
     if not rows:
         return "(no eval stages)"
-    cons = next((k for k in rows[0] if k.startswith("cons@")), None)
-    cols = ["model", "benchmark", "domain", "pass@1"] + ([cons] if cons else []) + ["mean_tokens", "truncated"]
+    cons = list(dict.fromkeys(k for row in rows for k in row if k.startswith("cons@")))  # one column per k the stages used
+    cols = ["model", "benchmark", "domain", "pass@1", *cons, "mean_tokens", "truncated"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for row in rows:
         lines.append("| " + " | ".join(_fmt(row.get(c, "")) for c in cols) + " |")

@@ -380,3 +380,31 @@ def test_bad_eval_stage_is_a_recipe_error(write_recipe, tiny_model, capsys):
     stage = {**eval_stage("eval"), "benchmarks": ["task:addition", "aime_24"]}
     assert main(["validate", str(write_recipe({"model": str(tiny_model), "stages": [stage]}))]) == 2
     assert "eval.benchmarks[1]: unknown benchmark 'aime_24'" in capsys.readouterr().err
+
+
+def test_the_report_gives_each_eval_stage_its_own_cons_at_k():
+    """Two eval stages at different k: a cons@k column for each, every figure in its row."""
+    from r1kit.report import accuracy_rows, accuracy_table
+
+    def figures(k, cons):
+        return {"aime24/pass@1": 0.1, f"aime24/cons@{k}": cons, "aime24/mean_tokens": 9.0, "aime24/truncated": 0.0, "aime24/domain": "math"}
+
+    records = {"base": {"input_model": "m", "metrics": figures(4, 0.25)}, "late": {"input_model": "m", "metrics": figures(16, 0.5)}}
+    lines = accuracy_table(accuracy_rows(records)).splitlines()
+    assert lines[0] == "| model | benchmark | domain | pass@1 | cons@4 | cons@16 | mean_tokens | truncated |"
+    assert "| 0.250 |  |" in lines[2] and "|  | 0.500 |" in lines[3]
+
+
+def test_scored_completions_keep_their_sample_numbers(tmp_path):
+    """Rows listed out of sample order: samples.jsonl numbers them as given, and cons@k breaks its
+    tie (5, 7, 7, 5 in sample order) by the first sample, not the first row."""
+    (tmp_path / "b.jsonl").write_text(json.dumps({"id": "a", "problem": "q", "answer": "5"}) + "\n")
+    given = [(2, 7), (0, 5), (1, 7), (3, 5)]
+    (tmp_path / "gen.jsonl").write_text("".join(json.dumps({"id": "a", "sample": j, "completion": f"\\boxed{{{x}}}"}) + "\n" for j, x in given))
+    summary = ev.score_completions(benchmarks.load_benchmark(str(tmp_path / "b.jsonl")), tmp_path / "gen.jsonl", tmp_path / "out")
+    rows = [json.loads(line) for line in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]
+    assert [(r["sample"], r["answer"]) for r in rows] == [(0, "5"), (1, "7"), (2, "7"), (3, "5")]
+    assert summary["cons@4"] == 1.0
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"id": "a", "sample": "first", "completion": "x"}) + "\n")
+    with pytest.raises(EvalError, match="row 1: sample must be a whole number or null"):
+        ev.score_completions(benchmarks.load_benchmark(str(tmp_path / "b.jsonl")), tmp_path / "bad.jsonl", tmp_path / "out2")
