@@ -55,12 +55,24 @@ class _Loader(yaml.SafeLoader):
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue  # `<<: *anchor` brings defaults that the mapping's own keys override
             key = self.construct_object(key_node, deep=True)
+            if not _hashable(key):
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"a key must be a plain value, not {type(key).__name__} {key!r}", key_node.start_mark
+                )
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"the key {key!r} appears twice in one mapping", key_node.start_mark
                 )
             seen.add(key)
         return super().construct_mapping(node, deep)
+
+
+def _hashable(value) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 _Loader.add_implicit_resolver(

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import math
 import inspect
 import logging
 import sys
@@ -269,8 +270,8 @@ def from_recipe(specs: list[dict[str, Any]], where: str) -> list[Reward]:
         if not isinstance(name, str):
             raise RecipeError(f"{where}[{i}]: each reward needs a 'name' (see `r1kit rewards list`)")
         weight = spec.pop("weight", 1.0)
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-            raise RecipeError(f"{where}[{i}].weight: expected a number, got {weight!r}")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            raise RecipeError(f"{where}[{i}].weight: expected a finite number, got {weight!r}")
         try:
             out.append(build(name, spec, weight))
         except RewardError as exc:

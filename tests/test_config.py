@@ -80,6 +80,10 @@ def test_invalid_yaml_and_missing_file(tmp_path, capsys):
     assert f"{bad}: not valid YAML at line" in capsys.readouterr().err
     assert main(["validate", str(tmp_path / "nope.yaml")]) == 2
     assert "cannot read recipe" in capsys.readouterr().err
+    listed = tmp_path / "listed.yaml"
+    listed.write_text("model: tiny\n? [a, b]\n: 1\n")
+    assert main(["validate", str(listed)]) == 2
+    assert f"{listed}: not valid YAML at line 2: a key must be a plain value, not list" in capsys.readouterr().err
     latin1 = tmp_path / "latin1.yaml"
     latin1.write_bytes("model: café\n".encode("latin-1"))
     assert main(["validate", str(latin1)]) == 2

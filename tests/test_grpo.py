@@ -284,6 +284,7 @@ def test_shipped_grpo_recipes_validate(recipe, capsys):
         ([{"name": "overlong_penalty", "cache": 0}], "reward 'overlong_penalty': parameter 'cache' must be above 0; got 0"),
         ([{"name": "language_consistency", "language": "cn"}], "parameter 'language' must be one of 'en', 'zh', 'ja', 'ko', 'ru'; got 'cn'"),
         ([{"weight": 1.0}], "rl.rewards[0]: each reward needs a 'name'"),
+        ([{"name": "math_accuracy", "weight": float("nan")}], "rl.rewards[0].weight: expected a finite number, got nan"),
         ([], "rl.rewards: a grpo stage needs at least one reward"),
     ],
 )
