@@ -81,6 +81,7 @@ def _build(raw: dict, stage_registry) -> Recipe:
             stage.trainer = check_trainer_block(spec.trainer_config(), s.get("trainer"), f"{name}.trainer")
         if spec.check is not None:
             spec.check(stage)
+        _check_limits(stage)
         stages.append(stage)
     top = {k: v for k, v in raw.items() if k != "stages"}
     top["stages"] = []
@@ -219,6 +220,16 @@ def _check_sources(recipe: Recipe, names: set[str]) -> None:
                     f"{stage.name}.{where}.source: no stage named {source!r}{suggest(source, sorted(names))}; "
                     "a hub dataset id has the form org/name"
                 )
+
+
+def _check_limits(stage: StageConfig) -> None:
+    """A data section's ``limit`` keeps at least one row (0 or less would train on nothing)."""
+    data = getattr(stage, "data", None)
+    sections = [("data", data)] + [(f"data.also[{i}]", extra) for i, extra in enumerate(data.also)] if isinstance(data, DataConfig) else []
+    for where, section in sections:
+        limit = getattr(section, "limit", None)
+        if limit is not None and limit < 1:
+            raise RecipeError(f"{stage.name}.{where}.limit: must be at least 1 (or null for every row), got {limit}")
 
 
 def _stage_refs(stage: StageConfig):

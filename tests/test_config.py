@@ -209,3 +209,10 @@ def test_a_mistyped_kind_is_named(write_recipe, capsys):
 @pytest.mark.parametrize("recipe", sorted(p.name for p in (Path(__file__).parents[1] / "recipes").glob("*.yaml")))
 def test_every_shipped_recipe_validates(recipe, capsys):
     assert main(["validate", str(Path(__file__).parents[1] / "recipes" / recipe)]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("data, where", [({"limit": 0}, "s.data.limit"), ({"also": [{"source": "task:addition", "limit": -5}]}, "s.data.also[0].limit")])
+def test_a_data_limit_below_one_is_refused(write_recipe, tiny_model, capsys, data, where):
+    stage = {"name": "s", "kind": "sft", "data": {"source": "task:addition", **data}}
+    assert main(["validate", str(write_recipe({"model": str(tiny_model), "stages": [stage]}))]) == 2
+    assert f"{where}: must be at least 1 (or null for every row), got" in capsys.readouterr().err
