@@ -39,18 +39,24 @@ def parse_jsonl(lines, source) -> list[dict]:
     return rows
 
 
-def _table(rows: list[dict]):
+def _table(rows: list[dict], source):
     """A `datasets.Dataset` of rows whose keys may differ: every key is a column, null where a
     row lacks it (``Dataset.from_list`` would keep the first row's keys only)."""
     import datasets
+    import pyarrow
 
     keys = list(dict.fromkeys(k for row in rows for k in row))
-    return datasets.Dataset.from_list([{k: row.get(k) for k in keys} for row in rows])
+    try:
+        return datasets.Dataset.from_list([{k: row.get(k) for k in keys} for row in rows])
+    except (pyarrow.ArrowInvalid, pyarrow.ArrowTypeError, pyarrow.ArrowNotImplementedError) as exc:
+        column = next((k for k in keys if len({type(r.get(k)) for r in rows if r.get(k) is not None}) > 1), None)
+        where = f"column {column!r} holds values of different types across rows" if column else str(exc).splitlines()[0]
+        raise DataError(f"{source}: {where}; give each column one type (e.g. quote every answer)") from None
 
 
 def read_jsonl(path: Path) -> list[dict]:
     """Rows of a JSON-lines file."""
-    with open(path) as f:
+    with open(path, encoding="utf-8-sig") as f:  # a byte-order mark, as some editors write, is no data
         return parse_jsonl(f, path)
 
 
@@ -63,16 +69,26 @@ def load_source(source: str, split: str = "train", subset: str | None = None):
         if not path.is_file():
             raise DataError(f"{source}: no such data file")
         if path.suffix == ".parquet":
-            return datasets.Dataset.from_parquet(str(path))
+            import pyarrow
+
+            try:
+                return datasets.Dataset.from_parquet(str(path))
+            except (pyarrow.ArrowException, OSError) as exc:
+                raise DataError(f"{source}: not a readable parquet file ({str(exc).splitlines()[0]})") from None
         if path.suffix == ".json":
-            rows = json.loads(path.read_text())
+            try:
+                rows = json.loads(path.read_text(encoding="utf-8-sig"))
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise DataError(f"{source}: not valid JSON ({getattr(exc, 'msg', exc)})") from None
             if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
                 raise DataError(f"{source}: a .json data file holds a list of objects")
-            return _table(rows)
+            if not rows:
+                raise DataError(f"{source}: the file has no rows")
+            return _table(rows, source)
         rows = read_jsonl(path)
         if not rows:
             raise DataError(f"{source}: the file has no rows")
-        return _table(rows)
+        return _table(rows, source)
     return datasets.load_dataset(source, subset, split=split)
 
 
@@ -110,7 +126,7 @@ def _source_rows(data: DataConfig, ctx):
     if data.source.startswith("task:"):
         from r1kit.tasks import generate
 
-        ds = _table(generate(data.source[5:], data.split, {"seed": ctx.recipe.seed, **data.task}))
+        ds = _table(generate(data.source[5:], data.split, {"seed": ctx.recipe.seed, **data.task}), data.source)
     else:
         ds = load_source(ctx.resolve_data_source(data.source), data.split, data.subset)
     if data.columns:

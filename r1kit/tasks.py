@@ -209,6 +209,10 @@ def check(name: str, args: dict) -> None:
     except TypeError as exc:
         taken = [p for p in inspect.signature(TASKS[name]).parameters if p != "split"]
         raise DataError(f"task:{name}: {exc}; it takes {', '.join(taken)}") from None
+    for key in ("n", "digits", "terms"):  # counts: none of them may be empty
+        value = args.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise DataError(f"task:{name}: {key} must be a whole number of at least 1, got {value!r}")
 
 
 def arguments(name: str, args: dict) -> dict:

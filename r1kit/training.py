@@ -22,7 +22,7 @@ import logging
 import os
 from pathlib import Path
 
-from r1kit.files import write_atomic
+from r1kit.files import complete_lines, write_atomic
 
 log = logging.getLogger("r1kit")
 
@@ -134,14 +134,15 @@ def checkpoint_step(checkpoint: str) -> int:
 def make_metrics_log(path: Path, resume_step: int | None, is_main: bool):
     """A TrainerCallback appending each log record, with its step, to `path` (jsonl).
 
-    On resume, records past the checkpoint's step are dropped first: they will be logged again.
+    On resume, records past the checkpoint's step are dropped first: they will be logged again
+    (and a last line that a kill cut short).
     """
     from transformers import TrainerCallback
 
     if is_main and path.exists():
         keep = []
         if resume_step is not None:
-            keep = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= resume_step]
+            keep = [line for line in complete_lines(path)[0] if line.strip() and json.loads(line)["step"] <= resume_step]
         write_atomic(path, "".join(line + "\n" for line in keep))
 
     class MetricsLog(TrainerCallback):
@@ -154,7 +155,8 @@ def make_metrics_log(path: Path, resume_step: int | None, is_main: bool):
 
 
 def read_metrics(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    """The records of a metrics log; a last line that a kill cut short is not one."""
+    return [json.loads(line) for line in complete_lines(path)[0] if line.strip()]
 
 
 def train_and_save(trainer, ctx) -> str:

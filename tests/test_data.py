@@ -25,6 +25,22 @@ def test_rows_with_different_keys_keep_every_column(tmp_path):
     assert load_source(path).to_list() == [{"id": 1, "answer": "2", "tests": None}, {"id": 2, "answer": None, "tests": "assert True"}]
 
 
+def test_data_files_read_as_written_or_refused_in_one_line(tmp_path):
+    """A byte-order mark is no data; broken JSON, a corrupt parquet file, an empty list and a
+    column of several types are one-line errors naming the file (they were tracebacks)."""
+    (tmp_path / "bom.jsonl").write_bytes(b'\xef\xbb\xbf{"prompt": "p"}\n')
+    (tmp_path / "bom.json").write_bytes(b'\xef\xbb\xbf[{"prompt": "p"}]')
+    assert load_source(str(tmp_path / "bom.jsonl")).to_list() == load_source(str(tmp_path / "bom.json")).to_list() == [{"prompt": "p"}]
+    (tmp_path / "comma.json").write_text('[{"prompt": "p"},]')
+    (tmp_path / "empty.json").write_text("[]")
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet")
+    write_jsonl(tmp_path / "mixed.jsonl", [{"prompt": "p", "answer": "7"}, {"prompt": "q", "answer": 7}])
+    for name, message in [("comma.json", "not valid JSON"), ("empty.json", "the file has no rows"), ("bad.parquet", "not a readable parquet file"),
+                          ("mixed.jsonl", "column 'answer' holds values of different types across rows")]:
+        with pytest.raises(DataError, match=f"{tmp_path / name}: {message}"):
+            load_source(str(tmp_path / name))
+
+
 def test_math_and_code_sources_join_with_renamed_filtered_and_assigned_columns(tmp_path):
     math = write_jsonl(tmp_path / "math.jsonl", [{"problem": "1+1?", "answer": "2"}, {"problem": "2+2?", "answer": "4"}])
     code = write_jsonl(tmp_path / "code.jsonl", [
@@ -65,6 +81,8 @@ def test_bad_data_sections_name_the_field(tmp_path):
         ({"data": {"source": "task:mix", "task": {"functions": {"n": 5}, "chains": {"n": 5}}}}, "task:mix: 'chains' is not a task to mix"),
         ({"data": {"source": "task:chain", "also": [{"source": "task:functions", "task": {"digits": 2}}]}}, "sft.data.also[0]: task:functions: got an unexpected keyword argument 'digits'"),
         ({"model": "./no/such/model"}, "sft.model: no such model folder or file './no/such/model'"),
+        ({"data": {"source": "task:addition", "task": {"n": 0}}}, "sft.data: task:addition: n must be a whole number of at least 1, got 0"),
+        ({"data": {"source": "task:chain", "task": {"terms": 0}}}, "sft.data: task:chain: terms must be a whole number of at least 1, got 0"),
     ],
 )
 def test_validate_refuses_what_can_be_known_without_loading(write_recipe, capsys, change, message):

@@ -177,3 +177,13 @@ def test_a_stage_is_not_taken_as_done_or_resumed_when_what_it_was_made_from_chan
     with pytest.raises(RecipeError, match=r"stage 'b' was interrupted .* \(changed: stage.trainer.learning_rate\).* --restart-from b"):
         pipeline.plan(load_recipe(changed))
     assert pipeline.plan(load_recipe(changed), restart_from="b").resume is None
+
+
+def test_a_metrics_log_cut_short_by_a_kill_is_read_and_resumed(tmp_path):
+    from r1kit.training import make_metrics_log, read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 10, "loss": 1.0}\n{"step": 20, "loss": 0.9}\n{"step": 30, "lo')
+    assert [r["step"] for r in read_metrics(path)] == [10, 20]
+    make_metrics_log(path, resume_step=20, is_main=True)
+    assert path.read_text() == '{"step": 10, "loss": 1.0}\n{"step": 20, "loss": 0.9}\n'
