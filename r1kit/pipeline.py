@@ -235,7 +235,7 @@ def run(recipe: Recipe, restart_from: str | None = None) -> dict[str, dict]:
             (out / stage.name).mkdir(parents=True, exist_ok=True)
             digest, config = fingerprint(recipe, stage)
             after = [s.name for s in recipe.stages[:index]]
-            if main and not (out / stage.name / STARTED).is_file():
+            if main and not any((out / stage.name).iterdir()):  # a fresh start (partial work keeps what it began with)
                 write_json_atomic(out / stage.name / STARTED, {"fingerprint": digest, "config": config, "after": after})
             rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
             ctx = stage_registry.StageContext(

@@ -228,6 +228,9 @@ def test_resume_after_sigkill_loses_nothing_and_duplicates_nothing(write_recipe,
     with open(out / "journal.jsonl", "a") as f:  # as a kill in the middle of a write leaves it
         f.write('{"chunk": 15, "prompts": [{"index": 30, "id": "addi')
 
+    with pytest.raises(RecipeError, match=r"stage 'rej' was interrupted .* \(changed: stage.samples\)"):
+        pipeline.run(load_recipe(killed, ["rej.samples=5"]))  # the journal's chunks were sampled 4 a prompt
+    (out / pipeline.STARTED).unlink()  # as a run from before the pipeline recorded it: the journal's own check
     with pytest.raises(RecipeError, match="written with another config"):
         pipeline.run(load_recipe(killed, ["rej.samples=5"]))
 
