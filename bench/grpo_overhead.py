@@ -22,6 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from r1kit.precision import describe_cpu
+
 TRAINER = {
     "per_device_train_batch_size": 16,
     "num_generations": 8,
@@ -105,6 +107,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--bare", nargs=2, metavar=("MODEL", "OUT"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    print(describe_cpu(), flush=True)  # the figures below hold for this CPU
     if args.bare:
         return bare(args.bare[0], args.bare[1], args.steps)
 

@@ -59,6 +59,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from r1kit.precision import describe_cpu
+
 PROMPT = "<|im_start|>user\n{prompt} Answer with the number only.<|im_end|>\n<|im_start|>assistant\n"
 PHASES = ("generation", "rewards", "scoring", "forward_backward", "other")
 
@@ -219,6 +221,7 @@ def main() -> None:
     parser.add_argument("--r1kit-only", action="store_true", help="r1kit's side alone (its resident memory without the bare side's)")
     parser.add_argument("--bare-trainer", type=json.loads, default={}, help="extra GRPOConfig fields for the bare side, as JSON")
     args = parser.parse_args()
+    print(describe_cpu(), flush=True)  # the figures below hold for this CPU
     os.environ["R1KIT_STAGE_PROCESS"] = "0"  # r1kit's stage in this process, where the clocks are
 
     from r1kit import templates

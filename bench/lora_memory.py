@@ -26,6 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from r1kit.precision import describe_cpu
+
 TRAINER = {
     "per_device_train_batch_size": 8,
     "num_generations": 4,
@@ -78,6 +80,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=3)
     args = p.parse_args()
+    print(describe_cpu(), flush=True)  # the figures below hold for this CPU
 
     work = Path(tempfile.mkdtemp(prefix="lora_memory_"))
     # Converted in a child too: Linux carries a process's peak RSS across exec, so a child forked

@@ -35,6 +35,8 @@ import time
 from collections import Counter
 from fractions import Fraction
 
+from r1kit.precision import describe_cpu
+
 
 def reference_and_forms(rng: random.Random) -> tuple[str, list[str], list[str]]:
     """A reference answer, equal forms of it, and wrong answers that look alike."""
@@ -230,6 +232,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=5.0, help="r1kit's per-item time limit (s)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    print(describe_cpu(), flush=True)  # the figures below hold for this CPU
     logging.basicConfig(level=logging.ERROR)
 
     from r1kit.rewards.math_pool import MAX_WORKERS

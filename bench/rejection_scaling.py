@@ -32,6 +32,8 @@ from pathlib import Path
 
 import yaml
 
+from r1kit.precision import describe_cpu
+
 ROOT = Path(__file__).resolve().parents[1]
 CPU_DDP = ROOT / "recipes" / "accelerate" / "cpu_ddp.yaml"
 PEAK = "import resource, sys; from r1kit.cli import main; code = main(sys.argv[1:]); print('PEAK_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); sys.exit(code)"
@@ -74,6 +76,7 @@ def main() -> None:
     p.add_argument("--memory-samples", type=int, default=32)
     p.add_argument("--memory-max-tokens", type=int, default=8)
     args = p.parse_args()
+    print(describe_cpu(), flush=True)  # the figures below hold for this CPU
     from r1kit.tiny import build_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import yaml
 
+from r1kit.precision import describe_cpu
+
 STAGE_FIELDS = {"dynamic_sampling", "dynamic_sampling_max_rounds"}
 
 
@@ -71,6 +73,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[42])
     parser.add_argument("--out", default=None, help="folder for the dev runs (default: a temporary one)")
     args = parser.parse_args()
+    print(describe_cpu(), flush=True)  # the figures below hold for this CPU
 
     demo = yaml.safe_load(Path(args.recipe).read_text())
     rl2 = next(s for s in demo["stages"] if s["name"] == "rl2")

@@ -43,6 +43,7 @@ import time
 from unittest import mock
 
 from r1kit import cpu, templates
+from r1kit.precision import describe_cpu
 from r1kit.sampling import SamplingParams, hf_backend, llama_step, load_sampler, vllm_available
 from r1kit.tasks import addition
 
@@ -164,6 +165,7 @@ def main() -> None:
     p.add_argument("--model-forward", action="store_true", help="also time r1kit's loop with the model's forward pass at each step")
     p.add_argument("--system-allocator", action="store_true", help="leave the C allocator as it is (r1kit's commands keep freed memory on a CPU)")
     args = p.parse_args()
+    print(describe_cpu(), flush=True)  # the figures below hold for this CPU
     if not args.system_allocator:
         cpu.keep_freed_memory()
 

@@ -17,7 +17,9 @@
 - `packed_linears`: while decoding, linear layers multiply by weights packed once in oneDNN's
   blocked layout. In float32 torch's products go through MKL, which on AMD CPUs runs at well
   under half of oneDNN's rate (2048-cube products: 180 against 430 GFLOP/s on 2 Zen 5 cores), and
-  every call packs its weight again.
+  every call packs its weight again. Where oneDNN cannot pack a dtype on the CPU at hand
+  (bfloat16 without AVX512-BF16, AMX or AVX-512 BW/VL/DQ), the layers keep torch's own products:
+  `packing_available` asks the library once and logs the path taken.
 - `short_attention_in_math`: training attention over short sequences in SDPA's math kernel,
   whose backward is faster there than the flash kernel's.
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import ctypes.util
 import logging
 
@@ -91,9 +94,30 @@ def log_probs_on_cpu():
         yield
 
 
-def packing_available() -> bool:
-    """Whether torch has oneDNN's pre-packed linear kernels (the ones torch.compile uses on CPUs)."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+def packing_available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether oneDNN packs and multiplies linear weights of `dtype` on this CPU (the kernels
+    torch.compile uses). Asked of the library once per dtype, by packing and multiplying a small
+    weight, and remembered; the answer is logged once. oneDNN packs float32 on every x86 and Arm
+    CPU torch supports, bfloat16 only where the CPU computes it (AVX512-BF16, AMX, AVX-NE-CONVERT,
+    or AVX-512 BW/VL/DQ): elsewhere the reorder refuses it."""
+    return _packs(dtype)
+
+
+@functools.cache
+def _packs(dtype: torch.dtype) -> bool:
+    name = str(dtype).removeprefix("torch.")
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        log.info("CPU products: this torch has no oneDNN packed linear kernels; %s layers use torch's own", name)
+        return False
+    try:
+        weight = torch.ops.mkldnn._reorder_linear_weight(torch.ones(8, 8, dtype=dtype), 4)
+        torch.ops.mkldnn._linear_pointwise(torch.ones(4, 8, dtype=dtype), weight, None, "none", [], "")
+    except RuntimeError as e:
+        reason = str(e).strip().splitlines()[0]
+        log.info("CPU products: oneDNN cannot pack %s weights on this CPU (%s); %s layers use torch's own", name, reason, name)
+        return False
+    log.info("CPU products: %s linear layers multiply by weights packed once by oneDNN while decoding", name)
+    return True
 
 
 @contextlib.contextmanager
@@ -106,20 +130,22 @@ def packed_linears(model: torch.nn.Module, rows: int, dtype: torch.dtype | None 
     through MKL, which on AMD CPUs runs at well under half of what oneDNN computes: a decoding
     step's products of a few hundred rows by each weight ran 2-3x as fast packed in float32 and
     1.1-1.5x in bfloat16 (2 AVX-512 cores). Layers left as they are: subclasses of ``nn.Linear``
-    (quantized or adapter layers; an adapter's plain base layer is packed), other dtypes, other
-    devices, and any call with autograd on. Costs a copy of the packed weights while inside: for
-    frozen weights only (they are not re-packed when changed). Layers already packed by an
-    enclosing call stay as that call packed them."""
+    (quantized or adapter layers; an adapter's plain base layer is packed), dtypes oneDNN cannot
+    pack on this CPU (`packing_available`: bfloat16 without hardware support), other devices, and
+    any call with autograd on. Costs a copy of the packed weights while inside: for frozen weights
+    only (they are not re-packed when changed). Layers already packed by an enclosing call stay
+    as that call packed them."""
     packed = []
-    if packing_available():
-        for module in model.modules():
-            weight = module.weight if type(module) is torch.nn.Linear else None
-            if weight is None or "forward" in vars(module) or weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
-                continue
-            w = weight.detach().to(dtype or weight.dtype)
-            b = None if module.bias is None else module.bias.detach().to(w.dtype)
-            module.forward = _packed_forward(module.forward, torch.ops.mkldnn._reorder_linear_weight(w, rows), b)
-            packed.append(module)
+    for module in model.modules():
+        weight = module.weight if type(module) is torch.nn.Linear else None
+        if weight is None or "forward" in vars(module) or weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
+            continue
+        if not packing_available(dtype or weight.dtype):
+            continue
+        w = weight.detach().to(dtype or weight.dtype)
+        b = None if module.bias is None else module.bias.detach().to(w.dtype)
+        module.forward = _packed_forward(module.forward, torch.ops.mkldnn._reorder_linear_weight(w, rows), b)
+        packed.append(module)
     try:
         yield len(packed)
     finally:

@@ -40,7 +40,7 @@ from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from r1kit import stage_process
+from r1kit import precision, stage_process
 from r1kit import stages as stage_registry
 from r1kit.config import Recipe, to_dict
 from r1kit.errors import RecipeError
@@ -140,7 +140,8 @@ def plan(recipe: Recipe, restart_from: str | None = None) -> Plan:
 def machine_problems(recipe: Recipe) -> list[str]:
     """What this machine lacks to run `recipe`, one line each (``FILE: key.path: what to change``):
     a ``package:`` model's package or file, vLLM for ``backend: vllm``, a CUDA GPU (and vLLM)
-    for a GRPO stage's ``use_vllm``, and a CUDA GPU (and bitsandbytes) for ``quantization:``.
+    for a GRPO stage's ``use_vllm``, a CUDA GPU (and bitsandbytes) for ``quantization:``, and a
+    GPU or a CPU that computes bfloat16 for a bfloat16 the recipe asks for (r1kit.precision).
     `r1kit validate` prints these as notes (a recipe may be written for another machine;
     ``--here`` refuses them), `run` refuses them before the first stage. Everything about the
     recipe itself is checked when it is read (r1kit.recipe)."""
@@ -178,6 +179,7 @@ def machine_problems(recipe: Recipe) -> list[str]:
                 )
             elif importlib.util.find_spec("bitsandbytes") is None:
                 problems.append(f"{stage.name}.quantization: bitsandbytes is not installed here (pip install 'r1kit[qlora]')")
+    problems += precision.emulated_bf16(recipe)
     return [f"{recipe.source}: {p}" for p in problems]
 
 

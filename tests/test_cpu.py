@@ -152,9 +152,15 @@ class Scaled(torch.nn.Linear):
         return 2 * super().forward(x)
 
 
-@pytest.mark.skipif(not cpu.packing_available(), reason="torch without oneDNN's packed linear kernels")
+@pytest.mark.parametrize("probe", ["this CPU", "forced off"])
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16])
-def test_packed_linears_compute_the_same_products_and_restore_the_layers(dtype):
+def test_packed_linears_compute_the_same_products_and_restore_the_layers(dtype, probe, monkeypatch):
+    """Where oneDNN packs the dtype on this CPU, the plain layers multiply by packed weights;
+    where it cannot (bfloat16 without hardware support, or the probe forced off, as on such a
+    CPU), every layer keeps torch's own product and the outputs are the same bit for bit."""
+    if probe == "forced off":
+        monkeypatch.setattr(cpu, "packing_available", lambda dtype=torch.float32: False)
+    packs = cpu.packing_available(dtype or torch.float32)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 32, bias=False), Scaled(32, 8))
     x = torch.randn(5, 3, 64)
@@ -164,18 +170,43 @@ def test_packed_linears_compute_the_same_products_and_restore_the_layers(dtype):
     calls = []
     real = torch.ops.mkldnn._linear_pointwise
     with cpu.packed_linears(model, rows=15, dtype=dtype) as packed, torch.no_grad(), region:
-        assert packed == 2  # the subclass is not packed
+        assert packed == (2 if packs else 0)  # the subclass is never packed
         with mock.patch.object(torch.ops.mkldnn, "_linear_pointwise", lambda *a: calls.append(a) or real(*a)):
             got = model(x)
         with torch.enable_grad():  # with autograd on, the layers' own products
             trained = model(x)
-    assert len(calls) == 2 and got.dtype == expected.dtype
-    tol = {} if dtype is None else {"atol": 2e-2, "rtol": 2e-2}
-    torch.testing.assert_close(got, expected, **tol)
+    assert len(calls) == (2 if packs else 0) and got.dtype == expected.dtype
+    if packs:
+        tol = {} if dtype is None else {"atol": 2e-2, "rtol": 2e-2}
+        torch.testing.assert_close(got, expected, **tol)
+    else:
+        assert torch.equal(got, expected)
     assert trained.requires_grad
     assert all("forward" not in vars(m) for m in model)  # restored
     with torch.no_grad():
         assert torch.equal(model(x), model(x))
+
+
+def test_packing_probe_asks_onednn_once_and_says_why_it_cannot(monkeypatch, caplog):
+    """The probe packs and multiplies a small weight: where oneDNN refuses the dtype (its error on
+    a CPU without bfloat16 support), the answer is no, with oneDNN's reason in one log line."""
+    import logging
+
+    def refuse(weight, rows):
+        raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq")
+
+    probe = cpu._packs.__wrapped__  # uncached: the process's own answer stays as it is
+    with caplog.at_level(logging.INFO, logger="r1kit.cpu"):
+        monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse)
+        assert probe(torch.bfloat16) is False
+        assert "oneDNN cannot pack bfloat16 weights on this CPU (mkldnn_reorder_linear_weight: bf16 path needs" in caplog.text
+        monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+        assert probe(torch.float32) is False
+        assert "no oneDNN packed linear kernels" in caplog.text
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    monkeypatch.setattr(cpu, "_packs", lambda dtype: False)
+    with cpu.packed_linears(model, rows=4) as packed:
+        assert packed == 0 and "forward" not in vars(model[0])
 
 
 def test_short_attention_runs_in_math_kernel_and_long_attention_in_sdpas_choice(monkeypatch):

@@ -131,7 +131,7 @@ def test_written_out_step_gives_the_model_forward_logits(model_and_tokenizer, mo
     from r1kit import cpu
 
     if not packed:
-        monkeypatch.setattr(cpu, "packing_available", lambda: False)
+        monkeypatch.setattr(cpu, "packing_available", lambda dtype=torch.float32: False)
     model = copy.deepcopy(model_and_tokenizer[0]) if arch.startswith("qwen2") else llama()
     model = model.to(torch.bfloat16) if precision == "bfloat16" else model
     prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]

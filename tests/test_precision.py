@@ -197,3 +197,13 @@ def test_vllm_sampler_is_asked_for_bfloat16_on_a_bf16_cpu(wide_model, bf16_cpu, 
     seen.clear()
     r1kit.sampling.load_sampler(str(wide_model), "vllm", dtype="float32")
     assert seen == {"dtype": "float32"}
+
+
+def test_describe_cpu_names_the_model_its_vector_flags_and_bfloat16():
+    """The line every bench prints beside its figures."""
+    from r1kit.precision import describe_cpu
+
+    zen3 = "processor\t: 0\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse2 avx2 fma\n"
+    line = describe_cpu(zen3)
+    assert line.startswith("CPU: AMD EPYC 7B13, family 25 model 1, ") and "flags: avx2 fma; no bfloat16 arithmetic" in line
+    assert describe_cpu(X86_BF16).endswith("flags: avx2 avx512f avx512_bf16; bfloat16 in hardware")
