@@ -94,6 +94,9 @@ def _add_flags(parser, cls: type, names: list[str], metavars: dict[str, str] | N
     defaults = {f.name: f.default for f in dataclasses.fields(cls)}
     for name in names:
         flag, tp, default = "--" + name.replace("_", "-"), hints[name], defaults[name]
+        if typing.get_origin(tp) is list:  # repeated: --tools python --tools my_pkg:sql
+            parser.add_argument(flag, action="append", default=[], metavar="NAME", help=docs[name] + " (repeatable)")
+            continue
         if tp is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=docs[name])
             continue

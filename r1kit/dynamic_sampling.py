@@ -29,7 +29,7 @@ from trl import GRPOTrainer
 # Tensors of shape (B, T) and the side their padding is on; anything else of shape (B,) is per-row.
 _LEFT_PADDED = {"prompt_ids", "prompt_mask"}
 _RIGHT_PADDED = {"completion_ids", "completion_mask", "old_per_token_logps", "ref_per_token_logps",
-                 "sampling_per_token_logps", "importance_sampling_ratio"}
+                 "sampling_per_token_logps", "importance_sampling_ratio", "tool_mask"}
 _PER_ROW = {"advantages"}
 
 
@@ -146,7 +146,7 @@ class DynamicSamplingGRPOTrainer(GRPOTrainer):
             kept.append((chunk, rows))
             n_kept += rows.numel() // G
         merged = merge_rows(kept, self.processing_class.pad_token_id)
-        mask = merged["completion_mask"]
+        mask = merged["completion_mask"] * merged["tool_mask"] if "tool_mask" in merged else merged["completion_mask"]
         merged["num_items_in_batch"] = self.accelerator.gather(mask.sum()).sum()
         metrics = self._metrics["train"]
         metrics["dynamic_sampling/dropped_groups"].append(float(n_dropped))

@@ -46,6 +46,11 @@ killed run resumes: finished problems are kept, a half-written tail is cut off, 
 The eval stage of a distributed run shares the problems among its processes (`evaluate`'s
 ``shard`` and ``shards``): each appends to a file of its own, which the main process merges.
 
+With tools (``--tools python``, or ``tools: [python]`` in an eval stage) each sample may run code
+as it reasons (r1kit.tools); samples.jsonl keeps each whole transcript and its ``tool_calls``, and
+the summary adds ``tool_calls`` per sample, ``tool_call_share`` and pass@1 over the samples with
+and without a tool call. What a tool printed never counts as the sample's answer.
+
 Not here: multiple-choice benchmarks, LLM judges, proofs, special judges for code. A resumed run samples the
 remaining problems with other random streams than an uninterrupted run would.
 """
@@ -61,13 +66,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from r1kit.benchmarks import Benchmark
-from r1kit.errors import EvalError
+from r1kit.errors import EvalError, RecipeError
 from r1kit.files import append_synced, complete_lines, shard_file, shard_files, write_atomic
 from r1kit.metrics import score, summarize
 from r1kit.sampling.base import SamplingConfig
 from r1kit.sandbox import Limits
 from r1kit.templates import Prompting
 from r1kit.text import FALLBACKS, Fallback, opens_think
+from r1kit.tools import ToolFields
 
 log = logging.getLogger("r1kit")
 
@@ -77,7 +83,7 @@ log = logging.getLogger("r1kit")
 
 
 @dataclass(kw_only=True)
-class Protocol(Prompting, SamplingConfig):
+class Protocol(Prompting, SamplingConfig, ToolFields):
     """The evaluation protocol; defaults are the DeepSeek-R1 paper's, except k (16, not 64)."""
 
     samples: int = 16
@@ -114,6 +120,10 @@ def check_settings(s: Settings) -> None:
         raise EvalError(f"need code_timeout > 0 and code_memory_mb >= 64; got {s.code_timeout}, {s.code_memory_mb}")
     if s.answer_fallback not in FALLBACKS:
         raise EvalError(f"answer_fallback must be one of {', '.join(FALLBACKS)}, got {s.answer_fallback!r}")
+    try:
+        s.check_tools("tools")
+    except RecipeError as exc:
+        raise EvalError(str(exc)) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,7 +249,8 @@ def evaluate(
                 prompts = [templates.render(settings.template, p.problem, engine.tokenizer, settings.think_prefill) for p in chunk]
                 # Seeded by the call's first position, so a rerun of the same call samples the same.
                 params = SamplingParams(settings.temperature, settings.top_p, settings.max_tokens, settings.seed + start)
-                completions = engine.generate_full(prompts, settings.samples, params)
+                tools = settings.load_tools()  # a sampler made before tools existed takes no such argument
+                completions = engine.generate_full(prompts, settings.samples, params, **({"tools": tools} if tools else {}))
                 # A prompt that opens <think> (think_prefill, or the template's own) leaves each completion inside it.
                 new = score(chunk, completions, settings.answer_fallback, limits(settings), [opens_think(p) for p in prompts])
                 for p in chunk:

@@ -12,7 +12,8 @@ verified samples of one prompt and says which filter dropped each, in this order
 - ``mixed_language``: the chain of thought has words, and under ``min_language_share`` of them
   are in ``language``'s script (the script heuristic of ``r1kit.text``; a chain of thought
   of math alone has no words and passes);
-- ``code_in_cot``: a fenced code block (three backticks or tildes) inside the chain of thought;
+- ``code_in_cot``: a fenced code block (three backticks or tildes) inside the chain of thought
+  (blocks a tool ran, with their output, do not count: r1kit.tools);
 - ``repetition``: more than ``max_repetition`` of the word ``repetition_ngram``-grams of the
   completion repeat an earlier one (a sample stuck in a loop);
 - ``exact_duplicate``: the same text as a sample kept before it, once case is folded and
@@ -34,7 +35,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from r1kit.text import chain_of_thought, countable_words, target_share
+from r1kit.text import chain_of_thought, countable_words, target_share, without_tool_calls
 
 REASONS = (
     "truncated",
@@ -138,7 +139,7 @@ def sample_reason(text: str, tokens: int, truncated: bool, cfg: FilterConfig) ->
         return "long_paragraph"
     if cfg.mixed_language and is_mixed_language(cot, cfg.language, cfg.min_language_share):
         return "mixed_language"
-    if cfg.code_in_cot and has_code_block(cot):
+    if cfg.code_in_cot and has_code_block(without_tool_calls(cot)):  # a tool call is not code written into the reasoning
         return "code_in_cot"
     if cfg.repetition and repeated_ngram_share(text, cfg.repetition_ngram) > cfg.max_repetition:
         return "repetition"

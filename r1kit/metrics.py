@@ -96,6 +96,12 @@ def summarize(bench: Benchmark, rows: list[dict], k: int) -> dict[str, Any]:
     out["mean_tokens"] = _mean([r["tokens"] for r in all_rows if r["tokens"] is not None])
     out["truncated"] = _mean([float(r["truncated"]) for r in all_rows if r["truncated"] is not None])
     out["no_answer"] = _mean([float(r.get("reason") == "no program" if "reason" in r else r["answer"] is None) for r in all_rows])
+    called = [r for r in all_rows if r.get("tool_calls") is not None]
+    if called:  # sampled with tools (r1kit.tools)
+        out["tool_calls"] = _mean([r["tool_calls"] for r in called])
+        out["tool_call_share"] = _mean([float(r["tool_calls"] > 0) for r in called])
+        out["pass@1_with_tool"] = _mean([float(r["correct"]) for r in called if r["tool_calls"] > 0])
+        out["pass@1_without_tool"] = _mean([float(r["correct"]) for r in called if r["tool_calls"] == 0])
     reasons = Counter(r["reason"] for r in all_rows if r.get("reason"))
     if reasons:
         out["failures"] = dict(reasons.most_common())
@@ -135,10 +141,16 @@ def score(
     verdicts = math_verifier(fallback)([c.text for _, _, c in math], answer=[p.answer for p, _, _ in math]) if math else []
     rows = {
         (p.id, j): {"id": p.id, "sample": j, "completion": c.text, "answer": extract_answer(c.text, fallback),
-                    "correct": None if v is None else v == 1.0, "tokens": c.tokens, "truncated": c.truncated}
+                    "correct": None if v is None else v == 1.0, "tokens": c.tokens, "truncated": c.truncated} | _calls(c)
         for (p, j, c), v in zip(math, verdicts)
     }
     for (p, j, c), v in zip(code, judge([c.text for _, _, c in code], [p.tests for p, _, _ in code], limits=limits, prefilled=[inside[p.id] for p, _, _ in code]) if code else []):
         rows[p.id, j] = {"id": p.id, "sample": j, "completion": c.text, "correct": v.ok if v.total else None, "reason": v.reason,
-                         "tests": [v.passed, v.total], "tokens": c.tokens, "truncated": c.truncated}
+                         "tests": [v.passed, v.total], "tokens": c.tokens, "truncated": c.truncated} | _calls(c)
     return [rows[p.id, j] for p, j, _ in flat]
+
+
+def _calls(completion) -> dict:
+    """A row's ``tool_calls``, where the completion was sampled with tools."""
+    calls = getattr(completion, "tool_calls", None)
+    return {} if calls is None else {"tool_calls": calls}

@@ -66,8 +66,11 @@ VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf1
 
 def describe_cpu(cpuinfo: str | None = None) -> str:
     """One line naming this CPU for a benchmark's figures: model, family/model numbers, cores,
-    the vector and bfloat16 flags it has, and whether r1kit counts it as computing bfloat16."""
+    the vector and bfloat16 flags it has, whether r1kit counts it as computing bfloat16, and the
+    vector kernels torch runs (``ATEN_CPU_CAPABILITY`` can hold them below what the CPU has)."""
     import os
+
+    import torch
 
     fields = _cpu_fields(cpuinfo)
     name = fields.get("model name") or fields.get("CPU part") or "unknown CPU"
@@ -75,7 +78,7 @@ def describe_cpu(cpuinfo: str | None = None) -> str:
     flags = set(fields.get("flags", fields.get("Features", "")).split())
     vector = " ".join(f for f in VECTOR_FLAGS if f in flags) or "none listed"
     bf16 = "bfloat16 in hardware" if flags & NATIVE_FLAGS else "no bfloat16 arithmetic"
-    return f"CPU: {name}{family}, {os.cpu_count()} cores; flags: {vector}; {bf16}"
+    return f"CPU: {name}{family}, {os.cpu_count()} cores; flags: {vector}; {bf16}; torch kernels: {torch.backends.cpu.get_cpu_capability()}"
 
 
 def emulated_bf16(recipe) -> list[str]:

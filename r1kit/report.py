@@ -1,9 +1,11 @@
 """The run report: one markdown page and a few plots for a finished (or partly finished) run.
 
     output_dir/report.md          stages with wall time and trained parameters; accuracy after
-                                  each evaluated stage; the share of each grpo stage's wall time
-                                  spent in its rewards
-    output_dir/plots/<stage>.png  reward, per-reward accuracy and completion length over RL steps
+                                  each evaluated stage (with tools: calls per sample and pass@1
+                                  with and without a call); the share of each grpo stage's wall
+                                  time spent in its rewards; the tool-call rate over RL steps
+    output_dir/plots/<stage>.png  reward, per-reward accuracy, completion length (and the share
+                                  of rollouts calling a tool) over RL steps
 
 `write_report(recipe, records)` is called by `r1kit run` at the end of a run (main process only)
 and prints the accuracy table; it reads only what the stages left in the run folder (markers,
@@ -50,11 +52,14 @@ def accuracy_table(rows: list[dict]) -> str:
     if not rows:
         return "(no eval stages)"
     cons = list(dict.fromkeys(k for row in rows for k in row if k.startswith("cons@")))  # one column per k the stages used
-    cols = ["model", "benchmark", "domain", "pass@1", *cons, "mean_tokens", "truncated"]
+    tools = ["tool_calls", "tool_call_share", "pass@1_with_tool", "pass@1_without_tool"] if any("tool_calls" in r for r in rows) else []
+    twice = len({(r["model"], r["benchmark"]) for r in rows}) < len(rows)  # a model evaluated by several stages: name them
+    cols = [*(["eval"] if twice else []), "model", "benchmark", "domain", "pass@1", *cons, "mean_tokens", "truncated", *tools]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for row in rows:
-        lines.append("| " + " | ".join(_fmt(row.get(c, "")) for c in cols) + " |")
-    return "\n".join(lines)
+        lines.append("| " + " | ".join(_fmt(row.get(c)) if c in tools else _fmt(row.get(c, "")) for c in cols) + " |")
+    note = "\n\ntool_calls: tool calls per sample (- where the eval ran without tools); pass@1 over the samples with and without a call." if tools else ""
+    return "\n".join(lines) + note
 
 
 def pass_at_1_table(rows: list[dict]) -> str:
@@ -102,6 +107,24 @@ def reward_time_table(recipe, records: dict[str, dict]) -> str | None:
     return "\n".join(lines) if len(lines) > 2 else None
 
 
+def tool_table(recipe, out: Path) -> str | None:
+    """Per RL stage with tools: the share of rollouts that called a tool and the calls per rollout
+    at the first and last logged steps, errors per call over the stage; None without such stages."""
+    lines = ["| stage | call share (first → last step) | calls per rollout (first → last) | errors per call | sandbox s |", "|---|---|---|---|---|"]
+    for stage in recipe.stages:
+        path = out / stage.name / "metrics.jsonl"
+        records = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+        records = [r for r in records if "tools/call_share" in r]
+        if stage.kind != "grpo" or not records:
+            continue
+        first, last = records[0], records[-1]
+        errors = sum(r["tools/error_share"] for r in records) / len(records)
+        seconds = sum(r["tools/sandbox_seconds"] for r in records)
+        lines.append(f"| {stage.name} | {first['tools/call_share']:.3f} → {last['tools/call_share']:.3f} | "
+                     f"{first['tools/calls_per_rollout']:.2f} → {last['tools/calls_per_rollout']:.2f} | {errors:.3f} | {seconds:.1f} |")
+    return "\n".join(lines) if len(lines) > 2 else None
+
+
 def plot_rl(metrics_file: Path, out: Path) -> bool:
     """Reward, per-reward means and completion length over steps; False when nothing was logged."""
     import matplotlib
@@ -114,7 +137,8 @@ def plot_rl(metrics_file: Path, out: Path) -> bool:
     if not records:
         return False
     steps = [r["step"] for r in records]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    tools = "tools/call_share" in records[0]
+    fig, axes = plt.subplots(1, 4 if tools else 3, figsize=(17 if tools else 13, 3.6))
     axes[0].plot(steps, [r["reward"] for r in records])
     axes[0].set_title("total reward")
     for key in sorted(k for k in records[0] if k.startswith("rewards/") and k.endswith("/mean")):
@@ -125,6 +149,10 @@ def plot_rl(metrics_file: Path, out: Path) -> bool:
     axes[2].plot(steps, [r["completions/max_length"] for r in records], label="max", alpha=0.6)
     axes[2].set_title("completion length (tokens)")
     axes[2].legend(fontsize=8)
+    if tools:
+        axes[3].plot(steps, [r["tools/call_share"] for r in records])
+        axes[3].set_ylim(0, 1.05)
+        axes[3].set_title("share of rollouts calling a tool")
     for ax in axes:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -146,6 +174,9 @@ def write_report(recipe, records: dict[str, dict]) -> Path:
     rewards = reward_time_table(recipe, records)
     if rewards:
         parts += ["## Reward time", "", "Seconds the reward functions took (main process), against the stage's wall time.", "", rewards, ""]
+    tools = tool_table(recipe, out)
+    if tools:
+        parts += ["## Tool calls in RL", "", "Logged per step (metrics.jsonl); the model's own tokens only are trained.", "", tools, ""]
     for stage in recipe.stages:
         if stage.kind == "grpo" and plot_rl(out / stage.name / "metrics.jsonl", out / "plots" / f"{stage.name}.png"):
             parts += [f"## RL curves: {stage.name}", "", f"![{stage.name}](plots/{stage.name}.png)", ""]

@@ -67,6 +67,12 @@ def available() -> dict[str, str]:
 
 def load(name: str) -> RewardFn:
     """The function registered as `name`, or imported from a ``module:function`` string."""
+    return load_plugin(name, ENTRY_POINT_GROUP, "reward")
+
+
+def load_plugin(name: str, group: str, kind: str) -> Callable:
+    """The function registered as `name` in entry-point `group`, or imported from a
+    ``module:function`` string; errors name the `kind` of plug-in (reward, tool)."""
     if ":" in name:
         module_name, _, attr = name.partition(":")
         if "" not in sys.path and str(Path.cwd()) not in sys.path:
@@ -74,16 +80,16 @@ def load(name: str) -> RewardFn:
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
-            raise RewardError(f"reward {name!r}: cannot import module {module_name!r}: {exc}") from exc
+            raise RewardError(f"{kind} {name!r}: cannot import module {module_name!r}: {exc}") from exc
         fn = getattr(module, attr, None)
         if not callable(fn):
-            raise RewardError(f"reward {name!r}: module {module_name!r} has no function {attr!r}")
+            raise RewardError(f"{kind} {name!r}: module {module_name!r} has no function {attr!r}")
         return fn
-    registered = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    registered = {ep.name: ep for ep in entry_points(group=group)}
     if name not in registered:
         names = sorted(registered)
         raise RewardError(
-            f"unknown reward {name!r}{suggest(name, names)}; registered rewards: {', '.join(names)}; "
+            f"unknown {kind} {name!r}{suggest(name, names)}; registered {kind}s: {', '.join(names)}; "
             "or give a 'module:function' path"
         )
     return registered[name].load()

@@ -10,7 +10,8 @@ evaluation alike.
 Math: `addition`: multi-digit addition, with a chain of thought that adds column by column with
 carries. `chain`: the sum of several one-digit numbers, with a running-sum chain of thought.
 `last_digit`: the last digit of a left-to-right chain of `+` and `*` on one-digit numbers (the
-demo's task: one step at a time it is easy, in one go it is not).
+demo's task: one step at a time it is easy, in one go it is not). `multiply`: products of two
+multi-digit numbers, worked by one call of the python tool (r1kit.tools).
 Code: `functions`: write ``f(x) = (a*x+b) % 10`` from two of its values; the tests also check it
 at points the prompt does not show.
 `mix`: several tasks in one shuffled dataset, ``{last_digit: {n: 1000}, functions: {n: 500}}``.
@@ -144,6 +145,25 @@ def last_digit(
     return _rows("last_digit", terms, draw, n, split, seed, direct, f"{terms}-term chains")
 
 
+def multiply(n: int = 1000, digits: int = 3, split: str = "train", seed: int = 0, direct: float = 0.0) -> list[dict]:
+    """`n` products of two `digits`-digit numbers from `split`, worked with the python tool.
+
+    ``What is 487 * 362?`` → ``<think> ```python\\nprint(487 * 362)\\n```\\n```output\\n176294\\n```\\n
+    </think> <answer> 176294 </answer>``: the demonstration runs one line of Python (r1kit.tools)
+    and restates what it printed. A small model cannot multiply such numbers in its head, and
+    with the tool it only has to copy: the demo of tool-integrated reasoning. `direct` is the
+    share of demonstrations that answer without the tool (an empty ``<think> </think>``)."""
+    from r1kit.tools import output_block
+
+    lo, hi = 10 ** (digits - 1), 10**digits - 1
+
+    def draw(rng):
+        a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+        return f"{a}*{b}", f"What is {a} * {b}?", f"```python\nprint({a} * {b})\n```\n{output_block(str(a * b))}", a * b
+
+    return _rows("multiply", digits, draw, n, split, seed, direct, f"{digits}-digit products")
+
+
 def functions(n: int = 1000, split: str = "train", seed: int = 0, direct: float = 0.0) -> list[dict]:
     """`n` problems "write f(x) = (a*x + b) % 10 from f(x1) and f(x1 + 1)", a in 1-9, b in 0-9, x1 in 0-99.
 
@@ -186,7 +206,7 @@ def mix(split: str = "train", seed: int = 0, **parts: dict) -> list[dict]:
     return rows
 
 
-TASKS = {"addition": addition, "chain": chain, "last_digit": last_digit, "functions": functions, "mix": mix}
+TASKS = {"addition": addition, "chain": chain, "last_digit": last_digit, "multiply": multiply, "functions": functions, "mix": mix}
 
 
 def check(name: str, args: dict) -> None:

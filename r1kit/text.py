@@ -136,11 +136,33 @@ def _sole_formula(content: str) -> str:
     return content
 
 
+OUTPUT_FENCE = "```output\n"
+"""Opens the block in which a tool's output follows a rollout's code (r1kit.tools)."""
+_OUTPUT_BLOCK = re.compile(r"```output\n.*?(?:\n```|$)", re.DOTALL)
+
+
+def without_tool_outputs(text: str) -> str:
+    """`text` with the content of each tool ``output`` block removed (the fences stay): what a
+    tool printed is not the model's own answer until the model writes it itself."""
+    return _OUTPUT_BLOCK.sub(OUTPUT_FENCE + "```", text) if OUTPUT_FENCE in text else text
+
+
+_TOOL_CALL = re.compile(r"```[\w+-]+[ \t]*\n.*?```[ \t]*\n```output\n.*?(?:\n```\n?|$)", re.DOTALL)
+
+
+def without_tool_calls(text: str) -> str:
+    """`text` without its tool calls: each fenced block followed by the ``output`` block a tool
+    appended (r1kit.tools), both removed. Other fenced code stays."""
+    return _TOOL_CALL.sub("", text) if OUTPUT_FENCE in text else text
+
+
 def extract_answer(text: str, fallback: str = "none") -> str | None:
     """The final answer `text` gives: ``<answer>`` block, else last ``\\boxed{}``, else (with
-    ``fallback="last_number"``) the last number; None when there is none."""
+    ``fallback="last_number"``) the last number; None when there is none. Tool output blocks
+    do not count (`without_tool_outputs`)."""
     if fallback not in FALLBACKS:
         raise RewardError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
+    text = without_tool_outputs(text)
     end = text.rfind("</answer>")
     start = text.rfind("<answer>", 0, end) if end >= 0 else -1
     if start >= 0:

@@ -241,10 +241,13 @@ def decode(
     draw: Callable[[torch.Tensor], torch.Tensor],
     eos_ids: set[int],
     pad_id: int,
+    stop: Callable[[int, list[int]], bool] | None = None,
 ) -> list[list[int]]:
     """New token ids of `counts[i]` samples of each prompt `prompts[i]` (token ids), at most
     `max_tokens` each, ending with the first of `eos_ids` if one comes. `draw` maps the logits
-    of a batch's last positions [B, V] to each row's next token [B]."""
+    of a batch's last positions [B, V] to each row's next token [B]. `stop(sample, tokens)`,
+    asked after each new token with the sample's index and its tokens so far, ends a sample
+    where it says so (a tool call's closing fence, r1kit.sampling.tool_loop)."""
     device = model.device
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
@@ -277,6 +280,8 @@ def decode(
                 if not done:
                     samples[sample].append(token)
             ended |= torch.isin(tokens, eos)
+            if stop is not None:
+                ended |= torch.tensor([stop(i, samples[i]) for i in live.tolist()], device=device)
             finished = int(ended.sum())
             if step == max_tokens - 1 or finished == len(live):
                 break

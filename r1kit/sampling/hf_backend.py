@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from r1kit import cpu
+from r1kit.sampling import tool_loop
 from r1kit.sampling.base import Completion, SamplingParams
 from r1kit.sampling.decode import BLOCK, Nucleus, decode, greedy
 
@@ -40,17 +41,24 @@ class HFSampler:
     def generate(self, prompts: list[str], n: int, params: SamplingParams) -> list[list[str]]:
         return [[c.text for c in row] for row in self.generate_full(prompts, n, params)]
 
-    def generate_full(self, prompts: list[str], n: int, params: SamplingParams) -> list[list[Completion]]:
+    def generate_full(self, prompts: list[str], n: int, params: SamplingParams, tools: list | None = None) -> list[list[Completion]]:
         eos_ids = self.eos_ids
         draw = Nucleus(params.temperature, params.top_p).draw if params.temperature > 0 else greedy
         ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
         out: list[Completion] = []
         batch = self.batch_size or self.rows_for(params.max_tokens)
+
+        def step(prompts, counts, max_tokens, stop=None):
+            return decode(self.model, prompts, counts, max_tokens, draw, eos_ids, self.tokenizer.pad_token_id, stop)
+
         with cpu.packed_linears(self.model, batch):  # once for all chunks: the weights do not change
             for start, chunk in chunks(len(prompts), n, batch):
                 torch.manual_seed(params.seed + start)
-                rows = decode(self.model, [ids[p] for p, _ in chunk], [k for _, k in chunk], params.max_tokens, draw, eos_ids, self.tokenizer.pad_token_id)
-                for tokens in rows:
+                chunk_prompts, counts = [ids[p] for p, _ in chunk], [k for _, k in chunk]
+                if tools:
+                    out += tool_loop.completions(step, chunk_prompts, counts, params.max_tokens, tools, self.tokenizer, eos_ids)
+                    continue
+                for tokens in step(chunk_prompts, counts, params.max_tokens):
                     text = self.tokenizer.decode(tokens, skip_special_tokens=True)
                     out.append(Completion(text=text, tokens=len(tokens), truncated=tokens[-1] not in eos_ids))
         return [out[i * n : (i + 1) * n] for i in range(len(prompts))]

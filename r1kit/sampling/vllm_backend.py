@@ -103,9 +103,11 @@ class VLLMSampler:
     def generate(self, prompts: list[str], n: int, params: SamplingParams) -> list[list[str]]:
         return [[c.text for c in row] for row in self.generate_full(prompts, n, params)]
 
-    def generate_full(self, prompts: list[str], n: int, params: SamplingParams) -> list[list[Completion]]:
+    def generate_full(self, prompts: list[str], n: int, params: SamplingParams, tools: list | None = None) -> list[list[Completion]]:
         import vllm
 
+        if tools:
+            return self._with_tools(prompts, n, params, tools)
         greedy = params.temperature == 0
         draws = 1 if greedy else n  # vLLM refuses n > 1 for greedy decoding: the n would be equal
         requests = [{"prompt_token_ids": self.tokenizer(p, add_special_tokens=False)["input_ids"]} for p in prompts]
@@ -125,3 +127,27 @@ class VLLMSampler:
             for r in results
         ]
         return [row * (n // draws) for row in rows]
+
+    def _with_tools(self, prompts: list[str], n: int, params: SamplingParams, tools: list) -> list[list[Completion]]:
+        """Rollouts that call `tools` (r1kit.sampling.tool_loop), each turn stopping at a block's closing fence."""
+        import vllm
+
+        from r1kit.sampling import tool_loop
+        from r1kit.tools import CLOSE
+
+        eos_ids = {self.tokenizer.eos_token_id}
+        calls = iter(range(1 << 30))
+
+        def step(turn_prompts, counts, max_tokens, stop=None):
+            requests = [{"prompt_token_ids": p} for p in turn_prompts]
+            sampling = [
+                vllm.SamplingParams(n=k, temperature=params.temperature, top_p=1.0 if params.temperature == 0 else params.top_p,
+                                    max_tokens=max_tokens, seed=params.seed + next(calls), stop=[CLOSE], include_stop_str_in_output=True)
+                for k in counts
+            ]
+            results = self.llm.generate(requests, sampling, use_tqdm=False)
+            return [list(o.token_ids) for r in results for o in r.outputs]
+
+        ids = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        out = tool_loop.completions(step, ids, [n] * len(prompts), params.max_tokens, tools, self.tokenizer, eos_ids)
+        return [out[i * n : (i + 1) * n] for i in range(len(prompts))]

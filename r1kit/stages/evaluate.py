@@ -131,7 +131,8 @@ def run(ctx: StageContext) -> StageResult:
         summary = ev.evaluate(bench, ctx.dir / bench.name, settings(stage, ctx.recipe.seed), model=ctx.model, sampler=sampler)
         summaries.append(summary)
         k = stage.samples
-        for key in ("pass@1", f"cons@{k}", f"pass@{k}", "mean_tokens", "truncated"):
+        tools = ("tool_calls", "tool_call_share", "pass@1_with_tool", "pass@1_without_tool") if "tool_calls" in summary else ()
+        for key in ("pass@1", f"cons@{k}", f"pass@{k}", "mean_tokens", "truncated", *tools):
             metrics[f"{bench.name}/{key}"] = summary[key]
         metrics[f"{bench.name}/domain"] = summary["domain"]
     text = ev.table(summaries, [stage.name] * len(summaries))

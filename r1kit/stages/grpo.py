@@ -8,6 +8,7 @@
         - {name: math_accuracy, weight: 1.0}
         - {name: format, weight: 0.5, mode: strict}    # reward parameters sit beside name and weight
       dynamic_sampling: false                          # DAPO: drop zero-signal groups and refill
+      tools: [python]                                  # rollouts may run code as they reason (r1kit.tools)
       trainer: {learning_rate: 3.0e-6, num_generations: 16}    # trl.GRPOConfig fields, as they are
 
 Rewards come from the reward registry (r1kit.reward_registry) and map onto TRL's ``reward_funcs`` and
@@ -37,6 +38,14 @@ each group's prompt once (r1kit.shared_prompts). At ``beta: 0`` completions with
 skip the forward and backward pass (r1kit.zero_advantage). With ``peft:`` the stage trains a LoRA
 adapter (TRL syncs the merged weights into vLLM) and hands on the merged model (r1kit.lora).
 
+With ``tools:`` a rollout may run code while it reasons (r1kit.tools: a python block, its output
+appended, generation going on): `tool_rollouts` hands TRL the turns as its ``rollout_func``, with
+the tools' output tokens masked out of the loss and the KL (TRL's tool mask); the rewards read the
+whole transcript, and answer extraction skips output blocks. On a CPU r1kit's decoding loop does
+the turns; with ``use_vllm`` vLLM does (one process; the closing fence is its stop string). Each
+step logs ``tools/calls_per_rollout``, ``tools/call_share``, ``tools/error_share``,
+``tools/timeout_share`` and ``tools/sandbox_seconds``.
+
 Not here: the reward functions themselves (rewards/), or any loss of r1kit's own: TRL computes it.
 """
 
@@ -52,6 +61,7 @@ from r1kit import data as data_lib
 from r1kit import lora
 from r1kit import reward_registry
 from r1kit import templates
+from r1kit import tools as tools_lib
 from r1kit.config import PromptStageConfig
 from r1kit.errors import RecipeError
 from r1kit.shared_prompts import score_prompts_once
@@ -67,7 +77,7 @@ PAPER_DEFAULTS = {"loss_type": "grpo", "beta": 0.001, "logging_steps": 1}
 
 
 @dataclass(kw_only=True)
-class GRPOStage(PromptStageConfig, lora.LoraFields):
+class GRPOStage(PromptStageConfig, lora.LoraFields, tools_lib.ToolFields):
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: drop groups whose rewards are all equal and refill the batch."""
     dynamic_sampling_max_rounds: int = 3
@@ -84,6 +94,10 @@ def check(stage: GRPOStage) -> None:
     if "reward_weights" in stage.trainer:
         raise RecipeError(f"{stage.name}.trainer.reward_weights: set weights in the rewards list instead")
     lora.check(stage)
+    stage.check_tools(f"{stage.name}.tools")
+    if stage.tools and stage.trainer.get("vllm_importance_sampling_correction"):
+        raise RecipeError(f"{stage.name}.trainer.vllm_importance_sampling_correction: not with tools (a rollout's turns carry no "
+                          "sampling log-probabilities); leave it out")
 
 
 def prompt_rows(ctx: StageContext, tokenizer):
@@ -133,7 +147,9 @@ def run(ctx: StageContext) -> StageResult:
     skip_zero_advantage(trainer)
     if stage.share_prompts:
         score_prompts_once(trainer)
-    if trainer.accelerator.device.type == "cpu":
+    if stage.tools:
+        tool_rollouts(trainer, stage.load_tools())
+    elif trainer.accelerator.device.type == "cpu":
         decode_rollouts(trainer)
         if args.bf16:
             autocast_rollouts(trainer)
@@ -197,6 +213,64 @@ def decode_rollouts(trainer) -> bool:
 
     trainer._generate_single_turn = generate
     return True
+
+
+def tool_rollouts(trainer, tools: list) -> None:
+    """Generate rollouts that call `tools` (r1kit.sampling.tool_loop) as TRL's ``rollout_func``:
+    TRL gets each rollout's tokens with the tools' outputs marked 0 in its tool mask (``env_mask``),
+    so they are left out of the loss and the KL. On a CPU r1kit's decoding loop generates (in
+    one bfloat16 autocast region with ``bf16``); with vLLM, TRL's colocated or server engine does,
+    stopping at a block's closing fence. Refused on several processes with vLLM (the turns of one
+    process would wait on another's)."""
+    import contextlib
+
+    import torch
+    from trl.models import unwrap_model_for_generation
+
+    from r1kit.sampling import tool_loop
+    from r1kit.sampling.decode import Nucleus, decode
+
+    args, tokenizer = trainer.args, trainer.processing_class
+    eos_ids, pad_id = set(trainer.eos_token_ids), trainer._tokenizer.pad_token_id
+    if trainer.use_vllm:
+        if trainer.accelerator.num_processes > 1:
+            raise RecipeError("tools with use_vllm run on one process for now; launch one process, or set use_vllm: false")
+        trainer.vllm_generation.generation_kwargs = {**trainer.vllm_generation.generation_kwargs, "stop": [tools_lib.CLOSE],
+                                                     "include_stop_str_in_output": True}
+
+        def step(prompts, counts, max_tokens, stop):
+            flat = [p for p, n in zip(prompts, counts) for _ in range(n)]
+            _, completion_ids, _, _ = trainer.vllm_generation.generate(prompts=flat, images=None, num_generations=1)
+            return [list(ids)[:max_tokens] for ids in completion_ids]
+    else:
+        beyond = logits_processing_beyond_the_loop(trainer)
+        if beyond:
+            log.warning("rollouts with tools come from r1kit's decoding loop, which does not apply %s", ", ".join(beyond))
+        draw = Nucleus(args.temperature, args.top_p).draw
+        region = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16) if args.bf16 and trainer.accelerator.device.type == "cpu" else contextlib.nullcontext
+
+        def step(prompts, counts, max_tokens, stop):
+            with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=args.ds3_gather_for_generation,
+                                             gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs) as model, region():
+                return decode(model, prompts, counts, max_tokens, draw, eos_ids, pad_id, stop)
+
+    def rollout(prompts, trainer):
+        ids = tokenizer(text=prompts)["input_ids"]
+        distinct, counts = [], []
+        for one in ids:  # a prompt's generations come one after another (TRL's RepeatSampler)
+            if distinct and distinct[-1] == one:
+                counts[-1] += 1
+            else:
+                distinct.append(one)
+                counts.append(1)
+        transcripts = tool_loop.rollouts(step, distinct, counts, trainer.max_completion_length, tools, tokenizer, eos_ids)
+        mode = "train" if trainer.model.training else "eval"
+        for key, value in tool_loop.metrics(transcripts).items():
+            trainer._metrics[mode][key].append(value)
+        return {"prompt_ids": ids, "completion_ids": [t.ids for t in transcripts], "logprobs": None,
+                "env_mask": [t.mask for t in transcripts]}
+
+    trainer.rollout_func = rollout
 
 
 def logits_processing_beyond_the_loop(trainer) -> list[str]:
@@ -299,9 +373,12 @@ def summarize(records: list[dict], rewards) -> dict[str, float]:
 
 
 def trainer_defaults(stage: GRPOStage) -> dict:
-    """The paper's GRPO settings and the recipe's reward weights (as the registry reads them)."""
+    """The paper's GRPO settings and the recipe's reward weights (as the registry reads them);
+    with tools, no vLLM importance-sampling correction (a rollout's turns carry no sampling
+    log-probabilities for it)."""
     rewards = reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards")
-    return {**PAPER_DEFAULTS, "reward_weights": [r.weight for r in rewards], **lora.trainer_defaults(stage)}
+    tools = {"vllm_importance_sampling_correction": False} if stage.tools else {}
+    return {**PAPER_DEFAULTS, "reward_weights": [r.weight for r in rewards], **tools, **lora.trainer_defaults(stage)}
 
 
 STAGE = StageKind(

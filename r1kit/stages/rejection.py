@@ -62,6 +62,10 @@ the main one streams the journals in prompt order into ``dataset.jsonl`` and ``s
 the stage has. A chunk counts as done in whichever journal holds it, so a run killed on any
 process resumes with the same or another number of processes and redoes only unfinished chunks.
 
+With ``tools:`` (r1kit.tools) each sample is a rollout that may run code as it reasons; a kept row
+holds the whole transcript, tool outputs included, and its ``tool_calls``; what a tool printed
+never counts as the sample's answer.
+
 Not here: training on the rows (sft / grpo stages).
 """
 
@@ -87,6 +91,7 @@ from r1kit.files import append_synced, atomic_file, drop_partial_line, line_offs
 from r1kit.filters import REASONS, FilterConfig, filter_group
 from r1kit.sampling.base import EngineConfig, SamplingConfig
 from r1kit.stages.base import StageContext, StageKind, StageResult
+from r1kit.tools import ToolFields
 
 log = logging.getLogger("r1kit")
 
@@ -109,7 +114,7 @@ class MixConfig:
 
 
 @dataclass(kw_only=True)
-class RejectionStage(PromptStageConfig, SamplingConfig, EngineConfig):
+class RejectionStage(PromptStageConfig, SamplingConfig, EngineConfig, ToolFields):
     mode: Literal["samples", "pass_rate_filter"] = "samples"
     """samples: write SFT rows of kept samples; pass_rate_filter: write the prompts in the pass-rate band."""
     samples: int = 16
@@ -140,6 +145,7 @@ def check(stage: RejectionStage) -> None:
     from r1kit.text import SCRIPTS
 
     stage.check_prompting("a rejection stage needs at least one reward to verify samples")
+    stage.check_tools(f"{stage.name}.tools")
     best = reward_registry.best_total(reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards"))
     if best is not None and stage.min_total > best + TOLERANCE:
         raise RecipeError(
@@ -185,7 +191,7 @@ def row_keys(stage: RejectionStage) -> tuple[str, ...]:
     # Only chat rows carry `messages`: the sft stage's `format: auto` then picks the form that
     # reproduces the sampled text (messages for chat, prompt/completion otherwise).
     rest = ("prompt", "completion", "id", "sample", "rewards", "reward_total", "tokens", "sampling", "origin")
-    return (("messages",) if stage.template == "chat" else ()) + rest
+    return (("messages",) if stage.template == "chat" else ()) + rest + (("tool_calls",) if stage.tools else ())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,7 +209,8 @@ def run_chunk(ctx: StageContext, rows, start: int, sampler, tokenizer, rewards) 
     prompts = [templates.render(stage.template, q, tokenizer, stage.think_prefill) for q in questions]
     # Seeds partition by prompt position: a chunk samples the same whether or not a run resumed.
     params = SamplingParams(stage.temperature, stage.top_p, stage.max_tokens, seed=ctx.recipe.seed + start * n)
-    samples = sampler.generate_full(prompts, n, params)
+    tools = stage.load_tools()
+    samples = sampler.generate_full(prompts, n, params, **({"tools": tools} if tools else {}))
     texts = [c.text for group in samples for c in group]
     # The rewards see what they see in a grpo stage: the rendered prompt and the other columns.
     hidden = {cfg.prompt, "prompt", "completion", "messages"}
@@ -237,6 +244,7 @@ def run_chunk(ctx: StageContext, rows, start: int, sampler, tokenizer, rewards) 
                     "rewards": {name: s[j * n + k] for name, s in scores.items()},
                     "reward_total": group_totals[k],
                     "tokens": c.tokens,
+                    "tool_calls": c.tool_calls,
                     "sampling": provenance,
                     "origin": "sampled",
                 }

@@ -1,0 +1,144 @@
+"""Multi-turn rollouts with tools: generate, run the code a turn ends on, append its output, go on
+(the protocol and the tools are r1kit.tools).
+
+    transcripts = rollouts(step, prompts=[[1, 2, 3]], counts=[8], max_tokens=256,
+                           tools=[Tool(ToolConfig(name="python"))], tokenizer=tokenizer, eos_ids={0})
+    transcripts[0].ids, transcripts[0].mask   # the completion's tokens; 0 where a tool wrote them
+
+Turns are synchronous: every sample generates until it ends, runs out of room, or closes a
+code block; the blocks of the batch run in the sandbox together; the samples that called a tool
+come back as prompts of their own (the prompt, the rollout so far and the output) for the next
+turn, and the others leave the batch. `step(prompts, counts, max_tokens, stop)` is the engine:
+r1kit's decoding loop on a CPU (its ``stop`` asked after each token), vLLM with the closing fence
+as a stop string elsewhere. Each turn but the first prefills its rollouts again (no cache is kept
+across a tool call), which on short rollouts costs less than it saves in simplicity.
+
+A rollout's tokens never exceed `max_tokens`, tool output included (an output that does not fit
+is cut, and the rollout ends there, truncated). Past its tool's ``calls`` a rollout's blocks are
+not run: it goes on in plain text, as ToRL does past its call cap.
+
+Not here: training (r1kit.stages.grpo hands the mask to TRL as its tool mask), or scoring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from r1kit.tools import Tool, output_block
+
+# step(prompts, counts, max_tokens, stop) -> new tokens of each sample, prompt by prompt
+Step = Callable[[list[list[int]], list[int], int, Callable[[int, list[int]], bool] | None], list[list[int]]]
+
+
+@dataclass
+class Transcript:
+    """One rollout: the model's tokens and the tools' outputs, in order."""
+
+    ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    """1 where the model wrote the token, 0 where a tool's output did."""
+    blocks: list[str] = field(default_factory=list)
+    """The code each call ran, in order (the notebook's cells)."""
+    calls: int = 0
+    errors: int = 0
+    """Calls whose block did not run to its end (timeouts included)."""
+    timeouts: int = 0
+    seconds: float = 0.0
+    """Seconds in the sandbox."""
+
+
+class _Fences:
+    """Which of a turn's tokens can close a block (they hold a newline), and the turn's block."""
+
+    def __init__(self, tokenizer, tools: list[Tool]):
+        self.tokenizer, self.tools = tokenizer, tools
+        self.newline = {i for i in range(len(tokenizer)) if "\n" in tokenizer.decode([i])}
+
+    def block(self, tokens: list[int]) -> tuple[Tool, str] | None:
+        """The tool and code of the first complete block in a turn's tokens, or None."""
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        found = [(text.find(f"```{t.language}"), t, code) for t in self.tools if (code := t.find(text)) is not None]
+        return min(found, key=lambda f: f[0])[1:] if found else None
+
+
+def rollouts(
+    step: Step,
+    prompts: list[list[int]],
+    counts: list[int],
+    max_tokens: int,
+    tools: list[Tool],
+    tokenizer,
+    eos_ids: set[int],
+) -> list[Transcript]:
+    """`counts[i]` rollouts of each prompt `prompts[i]` (token ids), prompt by prompt, each at
+    most `max_tokens` tokens long with tool outputs (see the module docstring)."""
+    fences = _Fences(tokenizer, tools)
+    out = [Transcript() for _ in range(sum(counts))]
+    owner = [p for p, n in enumerate(counts) for _ in range(n)]  # each rollout's prompt
+    calls_left = {t.config.name: t.config.calls for t in tools}
+    live = list(range(len(out)))  # the rollouts of this turn, in the order step returns them
+    turn_prompts, turn_counts, budget = prompts, counts, max_tokens
+
+    while live:
+        def stop(i: int, tokens: list[int]) -> bool:  # i: the rollout's place in this turn
+            if not tokens or tokens[-1] not in fences.newline:
+                return False
+            found = fences.block(tokens)
+            return found is not None and out[live[i]].calls < calls_left[found[0].config.name]
+
+        new = step(turn_prompts, turn_counts, budget, stop)
+        pending: list[tuple[int, Tool, str]] = []
+        for r, tokens in zip(live, new):
+            room = max_tokens - len(out[r].ids)
+            tokens = tokens[:room]
+            out[r].ids += tokens
+            out[r].mask += [1] * len(tokens)
+            if not tokens or tokens[-1] in eos_ids or len(out[r].ids) >= max_tokens:
+                continue
+            found = fences.block(tokens)
+            if found is not None and out[r].calls < calls_left[found[0].config.name]:
+                pending.append((r, *found))
+        for tool in tools:  # each tool runs its blocks of the turn as one batch
+            mine = [(r, code) for r, t, code in pending if t is tool]
+            results = tool.run([code for _, code in mine], [out[r].blocks for r, _ in mine])
+            for (r, code), result in zip(mine, results):
+                t = out[r]
+                t.blocks.append(code)
+                t.calls += 1
+                t.errors += not result.ok
+                t.timeouts += result.timed_out
+                t.seconds += result.seconds
+                shown = tokenizer(output_block(result.text), add_special_tokens=False)["input_ids"][: max_tokens - len(t.ids)]
+                t.ids += shown
+                t.mask += [0] * len(shown)
+        live = [r for r, _, _ in pending if len(out[r].ids) < max_tokens]
+        turn_prompts = [prompts[owner[r]] + out[r].ids for r in live]
+        turn_counts = [1] * len(live)
+        budget = max((max_tokens - len(out[r].ids) for r in live), default=0)
+    return out
+
+
+def completions(step: Step, prompts, counts, max_tokens, tools, tokenizer, eos_ids) -> list:
+    """`rollouts` as the samplers return them: Completions of the whole transcripts, prompt by prompt."""
+    from r1kit.sampling.base import Completion
+
+    return [
+        Completion(text=tokenizer.decode(t.ids, skip_special_tokens=True), tokens=sum(t.mask),
+                   truncated=not t.ids or t.ids[-1] not in eos_ids, tool_calls=t.calls)
+        for t in rollouts(step, prompts, counts, max_tokens, tools, tokenizer, eos_ids)
+    ]
+
+
+def metrics(transcripts: list[Transcript]) -> dict[str, float]:
+    """Per-batch figures a tool-using run logs: calls per rollout, the share of rollouts that
+    call a tool, errors and timeouts per call, seconds in the sandbox."""
+    n = max(1, len(transcripts))
+    calls = sum(t.calls for t in transcripts)
+    return {
+        "tools/calls_per_rollout": calls / n,
+        "tools/call_share": sum(t.calls > 0 for t in transcripts) / n,
+        "tools/error_share": sum(t.errors for t in transcripts) / max(1, calls),
+        "tools/timeout_share": sum(t.timeouts for t in transcripts) / max(1, calls),
+        "tools/sandbox_seconds": sum(t.seconds for t in transcripts),
+    }
