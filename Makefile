@@ -20,7 +20,7 @@ $(VENV)/.vllm: $(VENV)/.installed
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 
-.PHONY: install test demo constraints
+.PHONY: install test demo tools-demo constraints
 install: $(VENV)/.installed
 
 test: $(VENV)/.installed $(VENV)/.vllm
@@ -28,6 +28,9 @@ test: $(VENV)/.installed $(VENV)/.vllm
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/r1kit run recipes/demo.yaml
+
+tools-demo: $(VENV)/.installed
+	$(VENV)/bin/r1kit run recipes/tools_demo.yaml
 
 # After a tested upgrade: pin the environment the tests just passed in.
 constraints: $(VENV)/.installed

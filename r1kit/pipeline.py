@@ -179,7 +179,7 @@ def machine_problems(recipe: Recipe) -> list[str]:
                 )
             elif importlib.util.find_spec("bitsandbytes") is None:
                 problems.append(f"{stage.name}.quantization: bitsandbytes is not installed here (pip install 'r1kit[qlora]')")
-    problems += precision.emulated_bf16(recipe)
+    problems += precision.emulated_bf16(recipe, has_gpu())
     return [f"{recipe.source}: {p}" for p in problems]
 
 

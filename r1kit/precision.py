@@ -81,12 +81,10 @@ def describe_cpu(cpuinfo: str | None = None) -> str:
     return f"CPU: {name}{family}, {os.cpu_count()} cores; flags: {vector}; {bf16}; torch kernels: {torch.backends.cpu.get_cpu_capability()}"
 
 
-def emulated_bf16(recipe) -> list[str]:
-    """The settings of `recipe` that ask for bfloat16 where it would be emulated (no GPU, and a
+def emulated_bf16(recipe, gpu: bool) -> list[str]:
+    """The settings of `recipe` that ask for bfloat16 where it would be emulated (no `gpu`, and a
     CPU without bfloat16 arithmetic), one line each: ``key.path: why; the fix``. Empty elsewhere."""
-    from r1kit.training import has_gpu
-
-    if has_gpu() or native_bf16():
+    if gpu or native_bf16():
         return []
     cost = "this machine has no GPU and its CPU no bfloat16 arithmetic, where bfloat16 products run about 70x slower than float32"
     problems = []

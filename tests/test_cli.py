@@ -42,8 +42,11 @@ def test_eval_flags_and_the_eval_stage_share_their_declarations():
     from r1kit.evaluate import Protocol
     from r1kit.stages.evaluate import EvalStage
 
-    protocol = {f.name: f.default for f in dataclasses.fields(Protocol)}
-    stage = {f.name: f.default for f in dataclasses.fields(EvalStage)}
+    def default(f):
+        return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+    protocol = {f.name: default(f) for f in dataclasses.fields(Protocol)}
+    stage = {f.name: default(f) for f in dataclasses.fields(EvalStage)}
     assert {k: stage[k] for k in protocol} == protocol
     parsed = vars(_parser().parse_args(["eval", "--benchmark", "b", "--output", "o", "--model", "m"]))
     assert {k: parsed[k] for k in protocol} == protocol

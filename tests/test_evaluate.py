@@ -391,7 +391,7 @@ def test_the_report_gives_each_eval_stage_its_own_cons_at_k():
 
     records = {"base": {"input_model": "m", "metrics": figures(4, 0.25)}, "late": {"input_model": "m", "metrics": figures(16, 0.5)}}
     lines = accuracy_table(accuracy_rows(records)).splitlines()
-    assert lines[0] == "| model | benchmark | domain | pass@1 | cons@4 | cons@16 | mean_tokens | truncated |"
+    assert lines[0] == "| eval | model | benchmark | domain | pass@1 | cons@4 | cons@16 | mean_tokens | truncated |"  # one model, two evals
     assert "| 0.250 |  |" in lines[2] and "|  | 0.500 |" in lines[3]
 
 

@@ -77,9 +77,8 @@ def test_bfloat16_a_recipe_asks_for_is_refused_only_where_it_would_be_emulated(w
     asks = load_recipe(write_recipe({"model": "tiny", "stages": [grpo(bf16=True)]}))
     leaves = load_recipe(write_recipe({"model": "tiny", "stages": [grpo(), grpo(bf16=False) | {"name": "rl2"}]}, "other.yaml"))
     for gpu, native, expected in [(False, False, 1), (False, True, 0), (True, False, 0)]:
-        monkeypatch.setattr(r1kit.training, "has_gpu", lambda: gpu)
         monkeypatch.setattr("r1kit.precision.native_bf16", lambda cpuinfo=None: native)
-        assert len(emulated_bf16(asks)) == expected and emulated_bf16(leaves) == []
+        assert len(emulated_bf16(asks, gpu)) == expected and emulated_bf16(leaves, gpu) == []
 
 
 def test_eval_with_a_backend_that_is_not_installed_writes_nothing(tiny_model, tmp_path, monkeypatch, capsys):

@@ -173,15 +173,25 @@ def test_importance_sampling_correction_is_refused_with_tools(write_recipe, caps
 # ---- eval and rejection ------------------------------------------------------------------------
 
 
-def test_eval_with_tools_keeps_transcripts_and_reports_pass_at_1_with_and_without_a_call(tiny_model, tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def scripted_sampling(tiny_model, monkeypatch):
+    """The transformers sampler writing `scripted_decode`'s rollouts; returns a writer of a
+    .jsonl file of `n` rows asking 6 * 7 (the question under `key`)."""
     from transformers import AutoTokenizer
 
+    monkeypatch.setattr("r1kit.sampling.hf_backend.decode", scripted_decode(AutoTokenizer.from_pretrained(tiny_model)))
+
+    def questions(path: Path, key: str, n: int) -> Path:
+        path.write_text("".join(json.dumps({"id": f"q{i}", key: "What is 6 * 7?", "answer": "42"}) + "\n" for i in range(n)))
+        return path
+
+    return questions
+
+
+def test_eval_with_tools_keeps_transcripts_and_reports_pass_at_1_with_and_without_a_call(tiny_model, tmp_path, scripted_sampling, capsys):
     from r1kit.cli import main
 
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    monkeypatch.setattr("r1kit.sampling.hf_backend.decode", scripted_decode(tokenizer))
-    problems = tmp_path / "p.jsonl"
-    problems.write_text("".join(json.dumps({"id": f"p{i}", "problem": "What is 6 * 7?", "answer": "42"}) + "\n" for i in range(3)))
+    problems = scripted_sampling(tmp_path / "p.jsonl", "problem", 3)
     out = tmp_path / "eval"
     argv = ["eval", "--model", str(tiny_model), "--benchmark", str(problems), "--samples", "2", "--max-tokens", "96",
             "--template", "plain", "--backend", "transformers", "--tools", "python", "--output", str(out)]
@@ -198,16 +208,11 @@ def test_eval_with_tools_keeps_transcripts_and_reports_pass_at_1_with_and_withou
     assert "unknown tool 'nope'" in capsys.readouterr().err
 
 
-def test_rejection_samples_with_the_stages_tools_and_keeps_the_transcripts(write_recipe, tiny_model, tmp_path, monkeypatch):
-    from transformers import AutoTokenizer
-
+def test_rejection_samples_with_the_stages_tools_and_keeps_the_transcripts(write_recipe, tiny_model, tmp_path, scripted_sampling):
     from r1kit import pipeline
     from r1kit.recipe import load_recipe
 
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    monkeypatch.setattr("r1kit.sampling.hf_backend.decode", scripted_decode(tokenizer))
-    data = tmp_path / "q.jsonl"
-    data.write_text("".join(json.dumps({"id": f"q{i}", "prompt": "What is 6 * 7?", "answer": "42"}) + "\n" for i in range(2)))
+    data = scripted_sampling(tmp_path / "q.jsonl", "prompt", 2)
     stage = {"name": "rs", "kind": "rejection", "data": {"source": str(data)}, "template": "plain", "tools": ["python"],
              "rewards": [{"name": "math_accuracy"}], "samples": 2, "max_tokens": 96, "backend": "transformers"}
     record = pipeline.run(load_recipe(write_recipe({"model": str(tiny_model), "stages": [stage]})))["rs"]

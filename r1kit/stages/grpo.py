@@ -194,13 +194,7 @@ def decode_rollouts(trainer) -> bool:
     eos_ids, pad_id = set(trainer.eos_token_ids), trainer._tokenizer.pad_token_id
 
     def generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        prompts, counts = [], []
-        for ids in prompt_ids:  # a prompt's generations come one after another (TRL's RepeatSampler)
-            if prompts and prompts[-1] == ids:
-                counts[-1] += 1
-            else:
-                prompts.append(ids)
-                counts.append(1)
+        prompts, counts = groups(prompt_ids)
         with (
             unwrap_model_for_generation(
                 trainer.model_wrapped,
@@ -213,6 +207,19 @@ def decode_rollouts(trainer) -> bool:
 
     trainer._generate_single_turn = generate
     return True
+
+
+def groups(prompt_ids: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """Each distinct prompt once and how many generations it has: TRL's RepeatSampler puts a
+    prompt's generations one after another."""
+    prompts, counts = [], []
+    for ids in prompt_ids:
+        if prompts and prompts[-1] == ids:
+            counts[-1] += 1
+        else:
+            prompts.append(ids)
+            counts.append(1)
+    return prompts, counts
 
 
 def tool_rollouts(trainer, tools: list) -> None:
@@ -256,13 +263,7 @@ def tool_rollouts(trainer, tools: list) -> None:
 
     def rollout(prompts, trainer):
         ids = tokenizer(text=prompts)["input_ids"]
-        distinct, counts = [], []
-        for one in ids:  # a prompt's generations come one after another (TRL's RepeatSampler)
-            if distinct and distinct[-1] == one:
-                counts[-1] += 1
-            else:
-                distinct.append(one)
-                counts.append(1)
+        distinct, counts = groups(ids)
         transcripts = tool_loop.rollouts(step, distinct, counts, trainer.max_completion_length, tools, tokenizer, eos_ids)
         mode = "train" if trainer.model.training else "eval"
         for key, value in tool_loop.metrics(transcripts).items():
