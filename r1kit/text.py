@@ -150,6 +150,15 @@ def without_tool_outputs(text: str) -> str:
 _TOOL_CALL = re.compile(r"```[\w+-]+[ \t]*\n.*?```[ \t]*\n```output\n.*?(?:\n```\n?|$)", re.DOTALL)
 
 
+def tool_output_spans(text: str) -> list[tuple[int, int]]:
+    """Where in `text` a tool wrote (r1kit.tools): each ``output`` block that follows a fenced code
+    block, fences and closing newline included, as (start, end) character offsets."""
+    if OUTPUT_FENCE not in text:
+        return []
+    # The lazy code part of a call ends at its first closing fence, so the call's first output fence is its output's.
+    return [(m.start() + m.group(0).index(OUTPUT_FENCE), m.end()) for m in _TOOL_CALL.finditer(text)]
+
+
 def without_tool_calls(text: str) -> str:
     """`text` without its tool calls: each fenced block followed by the ``output`` block a tool
     appended (r1kit.tools), both removed. Other fenced code stays."""

@@ -213,3 +213,23 @@ def test_a_tool_call_is_not_code_in_the_chain_of_thought_but_other_code_is():
 
     assert sample_reason(f"<think> a {call} b </think> <answer> 42 </answer>", 30, False, FilterConfig()) is None
     assert sample_reason(written + " <answer> 42 </answer>", 30, False, FilterConfig()) == "code_in_cot"
+
+
+def test_sft_leaves_the_tool_outputs_of_its_rows_out_of_the_loss(tokenizer):
+    from datasets import Dataset
+
+    from r1kit.stages.sft import mask_tool_outputs
+
+    shown = output_block("42")
+    text = "What is 6 * 7? <think> ```python\nprint(6 * 7)\n```\n" + shown + " </think> <answer> 42 </answer>"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    plain = tokenizer("What is 1 + 1? <think> </think> <answer> 2 </answer>", add_special_tokens=False)["input_ids"]
+    rows = Dataset.from_list([{"input_ids": ids, "labels": ids}, {"input_ids": plain, "labels": plain}])
+    masked = mask_tool_outputs(rows, tokenizer)
+    labels = masked[0]["labels"]
+    out = [t for t, label in zip(ids, labels) if label == -100]
+    assert tokenizer.decode(out) == shown  # exactly the tool's block, fences included
+    assert tokenizer.decode([t for t, label in zip(ids, labels) if label != -100]) == text.replace(shown, "")
+    assert masked[1]["labels"] == plain
+    untouched = Dataset.from_list([{"input_ids": plain, "labels": plain}])
+    assert mask_tool_outputs(untouched, tokenizer) is untouched

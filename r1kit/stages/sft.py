@@ -10,6 +10,11 @@ the completion only (TRL's completion-only loss). Column names come from the ``d
 The trained model is saved to ``<stage>/model`` and handed to the next stage; checkpoints go to
 ``<stage>/checkpoints`` and an interrupted stage resumes from the last one.
 
+Rows whose completions hold tool calls (r1kit.tools: a code block, then the ``output`` block a
+tool wrote) train on what the model writes only: the output blocks' tokens are left out of the
+loss (`mask_tool_outputs`), as in a grpo stage with tools, so the model learns to call the tool
+and read its output, not to guess what it will print.
+
 With ``peft:`` (and optionally ``quantization:``) the stage trains a LoRA adapter and hands on
 the merged model (see r1kit.lora).
 
@@ -18,6 +23,7 @@ Not here: packing heuristics or custom losses; set SFTConfig fields for those.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -26,6 +32,8 @@ from r1kit import lora
 from r1kit.config import DataConfig, StageConfig
 from r1kit.stages.base import StageContext, StageKind, StageResult
 from r1kit.training import checkpoint_step, last_checkpoint, make_metrics_log, read_metrics, trainer_args, train_and_save
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
@@ -75,6 +83,7 @@ def run(ctx: StageContext) -> StageResult:
         peft_config=lora.lora_config(ctx.stage),
         quantization_config=lora.quantization_config(ctx.stage),
     )
+    trainer.train_dataset = mask_tool_outputs(trainer.train_dataset, tokenizer)
     sizes = lora.parameters(trainer.model)
     out = train_and_save(trainer, ctx)
     losses = [r["loss"] for r in read_metrics(metrics_path) if "loss" in r]
@@ -82,6 +91,29 @@ def run(ctx: StageContext) -> StageResult:
     if losses:
         metrics |= {"first_loss": losses[0], "last_loss": losses[-1]}
     return StageResult(model=out, metrics=metrics)
+
+
+def mask_tool_outputs(dataset, tokenizer):
+    """`dataset` (tokenized by TRL, with ``labels``) with the tokens of each tool output block
+    (r1kit.text.tool_output_spans) out of the loss: label -100 for each token that lies wholly
+    inside one. Unchanged when no row holds a tool call."""
+    from r1kit.text import OUTPUT_FENCE, tool_output_spans
+
+    if not any(OUTPUT_FENCE in tokenizer.decode(row["input_ids"]) for row in dataset.select(range(min(len(dataset), 256)))):
+        return dataset
+
+    def mask(row):
+        ids, labels = row["input_ids"], list(row["labels"])
+        ends = [len(tokenizer.decode(ids[: k + 1])) for k in range(len(ids))]  # each token's end in the decoded text
+        spans = tool_output_spans(tokenizer.decode(ids))
+        for k, end in enumerate(ends):
+            start = ends[k - 1] if k else 0
+            if any(a <= start and end <= b for a, b in spans):
+                labels[k] = -100
+        return {"labels": labels}
+
+    log.info("tool output blocks in the training rows: their tokens are left out of the loss")
+    return dataset.map(mask, desc="Masking tool outputs")
 
 
 DEFAULTS = {"logging_steps": 10}
