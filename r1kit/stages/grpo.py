@@ -254,11 +254,15 @@ def tool_rollouts(trainer, tools: list) -> None:
         if beyond:
             log.warning("rollouts with tools come from r1kit's decoding loop, which does not apply %s", ", ".join(beyond))
         draw = Nucleus(args.temperature, args.top_p).draw
-        region = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16) if args.bf16 and trainer.accelerator.device.type == "cpu" else contextlib.nullcontext
+        on_cpu = args.bf16 and trainer.accelerator.device.type == "cpu"  # one autocast region a turn, as `autocast_rollouts`
+        region = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16) if on_cpu else contextlib.nullcontext
 
         def step(prompts, counts, max_tokens, stop):
-            with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=args.ds3_gather_for_generation,
-                                             gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs) as model, region():
+            unwrapped = unwrap_model_for_generation(
+                trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=args.ds3_gather_for_generation,
+                gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
+            )
+            with unwrapped as model, region():
                 return decode(model, prompts, counts, max_tokens, draw, eos_ids, pad_id, stop)
 
     def rollout(prompts, trainer):
