@@ -58,7 +58,7 @@ def matmul_gflops(dtype: str, size: int = 2048, seconds: float = 1.0, repeats: i
     a = torch.randn(size, size, dtype=getattr(torch, dtype))
     b = torch.randn(size, size, dtype=getattr(torch, dtype))
     products = [lambda: a @ b]
-    if cpu.packing_available():
+    if cpu.packing_available(a.dtype):  # bfloat16 packs only where the CPU computes it
         packed = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), size)
         products.append(lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""))
     best = 0.0
