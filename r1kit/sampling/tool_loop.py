@@ -48,12 +48,24 @@ class Transcript:
     """Seconds in the sandbox."""
 
 
+_NEWLINES: dict[int, tuple[object, frozenset[int]]] = {}
+
+
+def _newline_tokens(tokenizer) -> frozenset[int]:
+    """The token ids whose text holds a newline; the vocabulary is decoded once per tokenizer
+    (a large one takes about a second), not at every rollout batch."""
+    held = _NEWLINES.get(id(tokenizer))
+    if held is None or held[0] is not tokenizer:
+        held = _NEWLINES[id(tokenizer)] = (tokenizer, frozenset(i for i in range(len(tokenizer)) if "\n" in tokenizer.decode([i])))
+    return held[1]
+
+
 class _Fences:
     """Which of a turn's tokens can close a block (they hold a newline), and the turn's block."""
 
     def __init__(self, tokenizer, tools: list[Tool]):
         self.tokenizer, self.tools = tokenizer, tools
-        self.newline = {i for i in range(len(tokenizer)) if "\n" in tokenizer.decode([i])}
+        self.newline = _newline_tokens(tokenizer)
 
     def block(self, tokens: list[int]) -> tuple[Tool, str] | None:
         """The tool and code of the first complete block in a turn's tokens, or None."""
