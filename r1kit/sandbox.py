@@ -398,13 +398,15 @@ def run_python(source: str, stdin: str = "", limits: Limits = Limits()) -> RunRe
 
 
 def run_many(
-    jobs: list[tuple[str, str]], limits: Limits = Limits(), workers: int | None = None
+    jobs: list[tuple[str, str]], limits: Limits | list[Limits] = Limits(), workers: int | None = None
 ) -> list[RunResult]:
     """Run `(source, stdin)` jobs, at most `workers` at a time (default: the CPU count, shared
-    out among the processes of a distributed run on this node, which judge at the same time).
+    out among the processes of a distributed run on this node, which judge at the same time),
+    each under `limits` (one for all, or one per job).
 
     Results come back in the order of `jobs`.
     """
     workers = workers or max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    each = limits if isinstance(limits, list) else [limits] * len(jobs)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="r1kit-sandbox") as pool:
-        return list(pool.map(lambda job: run_python(job[0], job[1], limits), jobs))
+        return list(pool.map(lambda job, lim: run_python(job[0], job[1], lim), jobs, each))

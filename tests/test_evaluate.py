@@ -284,7 +284,7 @@ def test_gsm8k_reference_is_the_number_after_the_marks():
 @pytest.mark.parametrize(
     "argv, expected",
     [
-        (["--benchmark", "aime2024"], "unknown benchmark 'aime2024'; use one of aime24, aime25, math500, amc23, gsm8k, humaneval, mbpp, livecodebench, task:NAME"),
+        (["--benchmark", "aime2024"], "unknown benchmark 'aime2024'; use one of aime24, aime25, math500, amc23, gsm8k, humaneval, mbpp, livecodebench, codeforces, gpqa_diamond, task:NAME"),
         (["--benchmark", "{bench}", "--samples", "0"], "samples must be at least 1, got 0"),
         (["--benchmark", "{bench}", "--answer-field", "solution"], "{bench}: row 1 has no field 'solution'"),
         (["--benchmark", "{bench}", "--template", "Q:"], "unknown template 'Q:'"),

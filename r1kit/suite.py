@@ -1,0 +1,177 @@
+"""Suites: several benchmarks evaluated in one command, written as one table beside published
+figures.
+
+    r1kit eval --suite r1 --model runs/r1/rl/model --output evals/r1
+    r1kit eval --suite my_suite.yaml --model M --output evals/mine --data gpqa_diamond=gpqa.jsonl
+
+A suite is a YAML file (the built-in ``r1`` is r1kit/suites/r1.yaml, the DeepSeek-R1 paper's
+table: AIME 2024 with 64 samples and cons@64, MATH-500, GPQA Diamond, LiveCodeBench in the
+paper's date window, Codeforces with its rating)::
+
+    name: my_suite
+    protocol: {temperature: 0.6, top_p: 0.95, max_tokens: 32768}    # any r1kit.evaluate.Protocol field
+    benchmarks:
+      - {benchmark: aime24, samples: 64, report: [pass@1, cons@64]}
+      - {benchmark: my_set.jsonl, samples: 4, report: [pass@1]}
+    published:                                # optional: figures to print beside, never measured here
+      source: "where they come from"
+      models: {Some-Model: {aime24 pass@1: 79.8}}
+
+Each benchmark is evaluated by r1kit.evaluate into ``OUTPUT/<name>/`` (resumable, as a single
+evaluation is); protocol flags given on the command line override the suite's for all of them;
+``--data NAME=FILE`` reads a built-in benchmark from a local copy in its hub schema. At the end
+``OUTPUT/suite.json`` and ``OUTPUT/suite.md`` hold the table: a row for the measured model, then a
+row per published model marked "published". Rates are in percent; a rating is a rating.
+
+The model is loaded once, on the first benchmark with problems left to sample. Not here: the
+benchmarks' own rules (r1kit.benchmarks, r1kit.evaluate).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from r1kit.errors import EvalError, RecipeError
+
+BUILT_IN = Path(__file__).with_name("suites")
+NOT_RATES = ("rating", "percentile", "mean_tokens")
+"""Figures printed as they are; every other figure of a summary is a rate, printed in percent."""
+
+
+@dataclass
+class Entry:
+    benchmark: str
+    """A benchmark as `r1kit eval --benchmark` takes it."""
+    samples: int = 16
+    """k: samples per problem."""
+    report: list[str] = field(default_factory=lambda: ["pass@1"])
+    """The summary figures that make the table's columns (pass@1, cons@64, rating, ...)."""
+    since: str | None = None
+    """Keep problems dated on or after this day, YYYY-MM-DD."""
+    until: str | None = None
+    """Keep problems dated on or before this day, YYYY-MM-DD."""
+    data_file: str | None = None
+    """Read this built-in benchmark from a local copy in its hub schema."""
+
+
+@dataclass
+class Published:
+    source: str
+    """Where the figures come from (paper and table)."""
+    models: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Model name -> {"<benchmark> <figure>": value}, rates in percent."""
+
+
+@dataclass
+class Suite:
+    name: str
+    """The suite's name."""
+    benchmarks: list[Entry]
+    """The benchmarks, in the table's order."""
+    protocol: dict = field(default_factory=dict)
+    """r1kit.evaluate.Protocol fields that differ from its defaults."""
+    published: Published | None = None
+    """Figures from elsewhere to print beside the measured ones."""
+
+
+def load_suite(name_or_path: str) -> Suite:
+    """A built-in suite by name, or a suite file; a bad file is a one-line EvalError naming it."""
+    from r1kit.config import from_dict, parse_yaml
+    from r1kit.evaluate import Protocol
+
+    path = BUILT_IN / f"{name_or_path}.yaml" if "/" not in name_or_path and not name_or_path.endswith((".yaml", ".yml")) else Path(name_or_path)
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in BUILT_IN.glob("*.yaml")))
+        raise EvalError(f"{name_or_path}: no such suite; use a built-in one ({known}) or a .yaml file")
+    try:
+        raw = parse_yaml(path.read_text())
+        suite = from_dict(Suite, raw, str(path))
+        from_dict(Protocol, suite.protocol, f"{path}: protocol")
+    except RecipeError as exc:
+        raise EvalError(str(exc)) from None
+    names = [e.benchmark for e in suite.benchmarks]
+    if not names or len(set(names)) != len(names):
+        raise EvalError(f"{path}: benchmarks must list each benchmark once, and at least one")
+    for i, e in enumerate(suite.benchmarks):
+        if e.samples < 1:
+            raise EvalError(f"{path}: benchmarks[{i}].samples must be at least 1, got {e.samples}")
+        figures = figures_of(e.samples)
+        odd = [f for f in e.report if f not in figures]
+        if odd or not e.report:
+            raise EvalError(f"{path}: benchmarks[{i}].report: {odd[0] if odd else 'nothing'!r} is not a figure; at k={e.samples}: {', '.join(figures)}")
+    return suite
+
+
+def figures_of(k: int) -> list[str]:
+    """The summary figures a table may show at k samples (a figure a benchmark lacks prints as -)."""
+    ks = sorted({2**e for e in range(k.bit_length()) if 2**e <= k} | {k})
+    return [*(f"pass@{j}" for j in ks), f"cons@{k}", "rating", "percentile", "mean_tokens", "truncated", "no_answer"]
+
+
+def label(entry: Entry) -> str:
+    """The benchmark's folder name and column prefix."""
+    from r1kit.benchmarks import benchmark_name
+
+    return benchmark_name(entry.benchmark)
+
+
+def _cell(figure: str, value) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if figure in NOT_RATES else f"{100 * value:.1f}"
+
+
+def table(suite: Suite, model: str, summaries: dict[str, dict]) -> tuple[str, dict]:
+    """The markdown table and its JSON form: the measured row, then the published ones."""
+    columns = [(label(e), figure) for e in suite.benchmarks for figure in e.report]
+    heads = [f"{name} {figure}" for name, figure in columns]
+    measured = {f"{name} {figure}": summaries[name].get(figure) for name, figure in columns}
+    lines = ["| model | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
+    lines.append(f"| {model} (measured) | " + " | ".join(_cell(f, measured[h]) for (_, f), h in zip(columns, heads)) + " |")
+    published = suite.published.models if suite.published else {}
+    for name, figures in published.items():
+        cells = ["-" if h not in figures else f"{figures[h]:g}" for h in heads]
+        lines.append(f"| {name} (published) | " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n"
+    if suite.published:
+        text += f"\nPublished rows: {suite.published.source}; not measured here.\n"
+    data = {"suite": suite.name, "model": model, "measured": measured,
+            "published": dataclasses.asdict(suite.published) if suite.published else None}
+    return text, data
+
+
+def run_suite(suite: Suite, out_dir: str, *, model: str, backend: str, settings_overrides: dict, data: dict[str, str],
+              limit: int | None = None, seed: int = 0, choice_seed: int = 0, rating_table: str | None = None) -> str:
+    """Evaluate every benchmark of `suite` for `model` into `out_dir`; write and return the table."""
+    from r1kit.benchmarks import load_benchmark
+    from r1kit.evaluate import Settings, check_settings, evaluate
+    from r1kit.files import write_atomic
+
+    unknown = sorted(set(data) - {label(e) for e in suite.benchmarks})
+    if unknown:
+        raise EvalError(f"--data names {', '.join(unknown)}, not a benchmark of suite {suite.name} ({', '.join(label(e) for e in suite.benchmarks)})")
+    plan = []
+    for e in suite.benchmarks:  # every benchmark is read and checked before the first sample
+        bench = load_benchmark(e.benchmark, since=e.since, until=e.until, limit=limit, data_file=data.get(label(e), e.data_file),
+                               choice_seed=choice_seed, rating_table=rating_table)
+        settings = Settings(**{**suite.protocol, "samples": e.samples, "seed": seed, **settings_overrides})
+        check_settings(settings)
+        plan.append((e, bench, settings))
+    engine = []
+
+    def sampler():  # one model load for the whole suite
+        if not engine:
+            from r1kit.sampling import load_sampler
+
+            engine.append(load_sampler(model, backend))
+        return engine[0]
+
+    summaries = {label(e): evaluate(bench, Path(out_dir) / label(e), settings, model=model, backend=backend, sampler=sampler)
+                 for e, bench, settings in plan}
+    text, record = table(suite, model, summaries)
+    write_atomic(Path(out_dir) / "suite.json", json.dumps(record, indent=2) + "\n")
+    write_atomic(Path(out_dir) / "suite.md", text)
+    return text

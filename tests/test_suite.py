@@ -1,0 +1,97 @@
+"""`r1kit eval --suite`: the R1 table end to end on the tiny model with local copies of every
+benchmark, a suite of one's own, and bad suites and flags refused with one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from r1kit.cli import main
+from r1kit.errors import EvalError
+from r1kit.suite import load_suite
+
+DATA = Path(__file__).parent / "data"
+COPIES = {"aime24": "aime24.jsonl", "math500": "math500.jsonl", "gpqa_diamond": "gpqa_diamond.jsonl",
+          "livecodebench": "livecodebench.jsonl", "codeforces": "codeforces.jsonl"}
+
+
+def test_r1_suite_is_the_papers_protocol():
+    suite = load_suite("r1")
+    assert suite.protocol == {"temperature": 0.6, "top_p": 0.95, "max_tokens": 32768}
+    assert [e.benchmark for e in suite.benchmarks] == ["aime24", "math500", "gpqa_diamond", "livecodebench", "codeforces"]
+    aime = suite.benchmarks[0]
+    assert aime.samples == 64 and aime.report == ["pass@1", "cons@64"]
+    lcb = suite.benchmarks[3]
+    assert (lcb.since, lcb.until) == ("2024-08-01", "2025-01-31")
+    assert suite.published.models["DeepSeek-R1"]["codeforces rating"] == 2029
+
+
+def test_r1_suite_writes_one_table_on_the_tiny_model(tiny_model, tmp_path, capsys):
+    out = tmp_path / "r1"
+    data = [arg for name, file in COPIES.items() for arg in ("--data", f"{name}={DATA / file}")]
+    argv = ["eval", "--suite", "r1", "--model", str(tiny_model), "--output", str(out), *data,
+            "--samples", "2", "--max-tokens", "8", "--limit", "2", "--backend", "transformers"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    table = (out / "suite.md").read_text()
+    assert table in printed
+    lines = table.splitlines()
+    assert lines[0] == ("| model | aime24 pass@1 | aime24 cons@64 | math500 pass@1 | gpqa_diamond pass@1 | livecodebench pass@1 | "
+                        "codeforces pass@1 | codeforces rating | codeforces percentile |")
+    assert lines[2].startswith(f"| {tiny_model} (measured) |")
+    assert "| DeepSeek-R1 (published) | 79.8 | - | 97.3 | 71.5 | 65.9 | - | 2029 | 96.3 |" in lines
+    assert "Published rows: DeepSeek-R1 paper" in table
+    record = json.loads((out / "suite.json").read_text())
+    for name in COPIES:  # each benchmark evaluated in a folder of its own, with --samples over the suite's k
+        summary = json.loads((out / name / "summary.json").read_text())
+        assert summary["samples"] == 2 and summary["temperature"] == 0.6 and summary["max_tokens"] == 8
+        assert record["measured"][f"{name} pass@1"] == summary["pass@1"]
+    assert record["measured"]["aime24 cons@64"] is None  # k was 2: no cons@64, printed as -
+    assert "rating" in json.loads((out / "codeforces" / "summary.json").read_text())
+    assert json.loads((out / "gpqa_diamond" / "summary.json").read_text())["choice_seed"] == 0
+    # A rerun finds every evaluation finished and only rewrites the table.
+    assert main(argv) == 0 and (out / "suite.md").read_text() == table
+
+
+def test_a_suite_of_ones_own(tiny_model, tmp_path, capsys):
+    suite = tmp_path / "mine.yaml"
+    suite.write_text("name: mine\nprotocol: {max_tokens: 8}\nbenchmarks:\n"
+                     f"  - {{benchmark: {DATA / 'aime24.jsonl'}, samples: 2, report: [pass@1, cons@2, pass@2]}}\n")
+    assert main(["eval", "--suite", str(suite), "--model", str(tiny_model), "--output", str(tmp_path / "o"), "--backend", "transformers"]) == 0
+    assert capsys.readouterr().out.startswith("| model | aime24 pass@1 | aime24 cons@2 | aime24 pass@2 |")
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("name: x\nbenchmarks: []\n", "benchmarks must list each benchmark once, and at least one"),
+        ("name: x\nbenchmarks: [{benchmark: aime24, smaples: 4}]\n", "unknown key 'smaples'"),
+        ("name: x\nbenchmarks: [{benchmark: aime24, samples: 4, report: [cons@64]}]\n", "benchmarks[0].report: 'cons@64' is not a figure; at k=4"),
+        ("name: x\nprotocol: {temprature: 0.6}\nbenchmarks: [{benchmark: aime24}]\n", "protocol: unknown key 'temprature'"),
+    ],
+)
+def test_bad_suites_are_one_line_errors(tmp_path, text, message):
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    with pytest.raises(EvalError, match=None) as caught:
+        load_suite(str(path))
+    assert str(path) in str(caught.value) and message in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--suite", "nope"], "nope: no such suite; use a built-in one (r1) or a .yaml file"),
+        (["--suite", "r1", "--data", "gpqa_diamond"], "--data 'gpqa_diamond': write NAME=FILE"),
+        (["--suite", "r1", "--data", "aime25=x.jsonl"], "--data names aime25, not a benchmark of suite r1"),
+        (["--suite", "r1", "--since", "2024-01-01"], "--since is per benchmark"),
+        (["--suite", "r1", "--benchmark", "aime24"], "eval --suite needs --model and --output, and takes no --benchmark"),
+    ],
+)
+def test_bad_suite_flags_exit_2(tiny_model, tmp_path, capsys, extra, message):
+    assert main(["eval", "--model", str(tiny_model), "--output", str(tmp_path / "o"), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("r1kit: error: ") and message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()  # nothing half-written
