@@ -118,10 +118,13 @@ def label(entry: Entry) -> str:
     return benchmark_name(entry.benchmark)
 
 
-def _cell(figure: str, value) -> str:
+def _cell(figure: str, value, published: bool = False) -> str:
+    """A table cell: rates in percent (published ones are already), a rating in whole points."""
     if value is None:
         return "-"
-    return f"{value:.1f}" if figure in NOT_RATES else f"{100 * value:.1f}"
+    if figure == "rating":
+        return f"{value:.0f}"
+    return f"{value:.1f}" if figure in NOT_RATES or published else f"{100 * value:.1f}"
 
 
 def table(suite: Suite, model: str, summaries: dict[str, dict]) -> tuple[str, dict]:
@@ -129,12 +132,16 @@ def table(suite: Suite, model: str, summaries: dict[str, dict]) -> tuple[str, di
     columns = [(label(e), figure) for e in suite.benchmarks for figure in e.report]
     heads = [f"{name} {figure}" for name, figure in columns]
     measured = {f"{name} {figure}": summaries[name].get(figure) for name, figure in columns}
+    cells = [_cell(f, measured[h]) for (_, f), h in zip(columns, heads)]
+    for i, (name, figure) in enumerate(columns):  # a rating at the end of the range is a bound
+        if figure == "rating" and summaries[name].get("rating_clipped"):
+            cells[i] = ("<= " if measured[heads[i]] < 2000 else ">= ") + cells[i]
     lines = ["| model | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
-    lines.append(f"| {model} (measured) | " + " | ".join(_cell(f, measured[h]) for (_, f), h in zip(columns, heads)) + " |")
+    lines.append(f"| {model} (measured) | " + " | ".join(cells) + " |")
     published = suite.published.models if suite.published else {}
     for name, figures in published.items():
-        cells = ["-" if h not in figures else f"{figures[h]:g}" for h in heads]
-        lines.append(f"| {name} (published) | " + " | ".join(cells) + " |")
+        row = [_cell(f, figures.get(h), published=True) for (_, f), h in zip(columns, heads)]
+        lines.append(f"| {name} (published) | " + " | ".join(row) + " |")
     text = "\n".join(lines) + "\n"
     if suite.published:
         text += f"\nPublished rows: {suite.published.source}; not measured here.\n"

@@ -42,6 +42,7 @@ def test_r1_suite_writes_one_table_on_the_tiny_model(tiny_model, tmp_path, capsy
                         "codeforces pass@1 | codeforces rating | codeforces percentile |")
     assert lines[2].startswith(f"| {tiny_model} (measured) |")
     assert "| DeepSeek-R1 (published) | 79.8 | - | 97.3 | 71.5 | 65.9 | - | 2029 | 96.3 |" in lines
+    assert "| DeepSeek-R1-Zero (published) | 71.0 | 86.7 | 95.9 | 73.3 | 50.0 | - | 1444 | - |" in lines
     assert "Published rows: DeepSeek-R1 paper" in table
     record = json.loads((out / "suite.json").read_text())
     for name in COPIES:  # each benchmark evaluated in a folder of its own, with --samples over the suite's k
@@ -95,3 +96,16 @@ def test_bad_suite_flags_exit_2(tiny_model, tmp_path, capsys, extra, message):
     err = capsys.readouterr().err
     assert err.startswith("r1kit: error: ") and message in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()  # nothing half-written
+
+
+def test_table_cells_rates_ratings_and_bounds():
+    from r1kit.suite import table
+
+    suite = load_suite("r1")
+    summaries = {"aime24": {"pass@1": 0.25, "cons@64": 0.5}, "math500": {"pass@1": 0.8}, "gpqa_diamond": {"pass@1": 0.3},
+                 "livecodebench": {"pass@1": 0.1}, "codeforces": {"pass@1": 1.0, "rating": 4000.0, "rating_clipped": True}}
+    text, record = table(suite, "m", summaries)
+    assert "| m (measured) | 25.0 | 50.0 | 80.0 | 30.0 | 10.0 | 100.0 | >= 4000 | - |" in text
+    summaries["codeforces"] = {"pass@1": 0.5, "rating": 1432.26, "rating_clipped": False, "percentile": 61.23}
+    assert "| 50.0 | 1432 | 61.2 |" in table(suite, "m", summaries)[0]
+    assert record["published"]["models"]["DeepSeek-R1"]["aime24 pass@1"] == 79.8
