@@ -171,7 +171,7 @@ class Recipe:
 
     model: str
     """Starting model: hub id, local folder, .gguf file (or package:NAME/FILE inside an installed
-    Python package), or `tiny` (a small model built offline)."""
+    Python package), `tiny` (a small model built offline) or `tiny:NAME` (one of `tiny_models`)."""
     output_dir: str
     """Run folder; each stage writes into output_dir/<stage name>/."""
     stages: list[StageConfig]
@@ -180,6 +180,9 @@ class Recipe:
     """Seed for every stage (trainer seeds, sampling, data shuffles)."""
     tiny_model: dict[str, Any] = field(default_factory=dict)
     """Arguments of r1kit.tiny.build_tiny_model when `model: tiny`."""
+    tiny_models: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """More tiny models, by name, for stages that start from (or are taught by) `tiny:NAME`: a
+    distillation student narrower than its teacher. Same tokenizer as `tiny`."""
     source: str = field(default="<recipe>", metadata={"internal": True})
 
     def stage(self, name: str) -> StageConfig:

@@ -241,7 +241,7 @@ def run(recipe: Recipe, restart_from: str | None = None) -> dict[str, dict]:
                 write_json_atomic(out / stage.name / STARTED, {"fingerprint": digest, "config": config, "after": after})
             rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
             ctx = stage_registry.StageContext(
-                recipe=recipe, stage=stage, dir=out / stage.name, model=start, datasets=dict(datasets), is_main=main,
+                recipe=recipe, stage=stage, dir=out / stage.name, model=start, datasets=dict(datasets), models=dict(stage_models), is_main=main,
                 rank=rank, world=world, barrier=stage_process.barrier,
             )
             log.info("%s: running (%s) from %s%s", stage.name, stage.kind, start, " in its own process" if isolate else "")

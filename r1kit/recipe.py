@@ -191,15 +191,19 @@ def _check_sources(recipe: Recipe, names: set[str]) -> None:
     from r1kit.sampling import looks_local
 
     def model(where: str, value: str) -> None:
-        if value == "tiny" or value.startswith("package:") or value in names:
+        if value.startswith("tiny:") and value[5:] not in recipe.tiny_models:
+            known = ", ".join(recipe.tiny_models) or "none"
+            raise RecipeError(f"{where}: {value!r} names no entry of tiny_models (defined: {known})")
+        if value == "tiny" or value.startswith(("package:", "tiny:")) or value in names:
             return  # a package's file is looked for when the run starts (r1kit.pipeline)
         if (looks_local(value) or value.endswith(".gguf")) and not Path(value).expanduser().exists():
             raise RecipeError(f"{where}: no such model folder or file {value!r}")
 
     model("model", recipe.model)
     for stage in recipe.stages:
-        if stage.model:
-            model(f"{stage.name}.model", stage.model)
+        for key in ("model", "teacher"):
+            if getattr(stage, key, None):
+                model(f"{stage.name}.{key}", getattr(stage, key))
         data = getattr(stage, "data", None)
         if not isinstance(data, DataConfig):
             continue
@@ -235,6 +239,8 @@ def _check_limits(stage: StageConfig) -> None:
 def _stage_refs(stage: StageConfig):
     if stage.model:
         yield "model", stage.model
+    if getattr(stage, "teacher", None):
+        yield "teacher", stage.teacher
     data = getattr(stage, "data", None)
     if isinstance(data, DataConfig):
         yield "data.source", data.source

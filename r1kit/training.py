@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 
 from r1kit.files import complete_lines, write_atomic
@@ -66,13 +67,16 @@ def package_file(source: str) -> Path:
 def resolve_model(source: str, recipe) -> str:
     """A local folder or hub id for `source`, building or converting it into the run folder once."""
     models = Path(recipe.output_dir) / "_models"
-    if source == "tiny":
+    if source == "tiny" or source.startswith("tiny:"):
         from r1kit.tiny import build_tiny_model
 
-        out = models / "tiny"
+        name = source.replace(":", "-")
+        out = models / name
         if not (out / "config.json").is_file():
-            tmp = models / "tiny.partial"
-            build_tiny_model(tmp, **{"seed": recipe.seed, **recipe.tiny_model})
+            tmp = models / f"{name}.partial"
+            shutil.rmtree(tmp, ignore_errors=True)
+            args = recipe.tiny_model if source == "tiny" else recipe.tiny_models[source[5:]]
+            build_tiny_model(tmp, **{"seed": recipe.seed, **args})
             os.replace(tmp, out)
         return str(out)
     if source.startswith(PACKAGE):

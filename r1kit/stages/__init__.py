@@ -23,6 +23,7 @@ _MODULES = {
     "grpo": "r1kit.stages.grpo",
     "rejection": "r1kit.stages.rejection",
     "eval": "r1kit.stages.evaluate",
+    "distill": "r1kit.stages.distill",
 }
 
 

@@ -39,6 +39,8 @@ class StageContext:
     """Model to start from: a local folder or a hub id."""
     datasets: dict[str, str]
     """Datasets written by earlier stages, by stage name."""
+    models: dict[str, str] = field(default_factory=dict)
+    """Models written by earlier stages, by stage name (a distill stage's teacher may name one)."""
     is_main: bool = True
     """False on the non-main processes of a distributed run: they must not write reports."""
     rank: int = 0

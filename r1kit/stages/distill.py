@@ -1,0 +1,161 @@
+"""The `distill` stage: on-policy distillation. The student samples completions of the prompts and
+learns to match the teacher's next-token distribution on every token it wrote.
+
+    - name: distill
+      kind: distill
+      model: tiny:student                 # the student (default: the previous stage's model)
+      teacher: rl                         # an earlier stage's model, a folder, a hub id, tiny or tiny:NAME
+      template: plain
+      data: {source: "task:last_digit", task: {n: 2000}}
+      trainer: {max_steps: 100, max_completion_length: 64, beta: 1.0}   # trl.DistillationConfig fields
+
+The loss is TRL's generalized Jensen-Shannon divergence over the completion tokens (Agarwal et
+al. 2024, "On-Policy Distillation of Language Models", GKD): ``beta: 1.0``, the default, is the
+per-token reverse KL(student || teacher) of on-policy distillation (Thinking Machines Lab, "On-Policy
+Distillation", 2025), ``0.0`` the forward KL, values between the generalized JSD. Only the
+student's completion tokens carry loss; the prompt does not, and the teacher gets no gradient.
+
+TRL's `DistillationTrainer` does the sampling (transformers' generate, or vLLM with
+``use_vllm``), the teacher's forward pass, the loss and checkpoints; its config fields pass
+through ``trainer:``. r1kit adds what a recipe needs around it: the teacher named like any model
+of the run (an earlier stage included), the prompts rendered by r1kit's template, a teacher and
+student whose tokenizers differ (or, with the chat template, whose chat templates differ) refused
+in one line before any model is loaded, metrics.jsonl, and resume from the last checkpoint.
+
+Off-policy distillation (R1 section 2.4: SFT on a teacher's verified samples) needs no stage of
+its own: a rejection stage with ``model: TEACHER`` and an sft stage with ``model: STUDENT`` on its
+samples (see recipes/r1_distill.yaml).
+
+Not here: rewards in the loss (this is distillation, not RL), teachers behind a server.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from r1kit import data as data_lib
+from r1kit import templates
+from r1kit.config import DataConfig, StageConfig
+from r1kit.errors import RecipeError
+from r1kit.stages.base import StageContext, StageKind, StageResult
+from r1kit.templates import Prompting
+from r1kit.training import checkpoint_step, last_checkpoint, make_metrics_log, read_metrics, resolve_model, trainer_args, train_and_save
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class DistillStage(StageConfig, Prompting):
+    teacher: str
+    """The teacher: an earlier stage's name, a model folder or hub id, tiny or tiny:NAME. It must
+    share the student's tokenizer."""
+    data: DataConfig
+    """Prompts the student completes; other columns are not used."""
+    trainer: dict[str, Any] = field(default_factory=dict)
+    """Fields of trl.DistillationConfig, passed through (beta 1.0: reverse KL)."""
+
+
+def check(stage: DistillStage) -> None:
+    problem = templates.check(stage.template)
+    if problem:
+        raise RecipeError(f"{stage.name}.template: {problem}")
+
+
+def teacher_path(ctx: StageContext) -> str:
+    """The teacher's folder or hub id: an earlier stage's model, or a model reference resolved as the run's are."""
+    ref = ctx.stage.teacher
+    return ctx.models.get(ref) or resolve_model(ref, ctx.recipe)
+
+
+def compatible(student_tokenizer, teacher_tokenizer, student: str, teacher: str, chat: bool, where: str) -> None:
+    """Refuse a pair the teacher cannot score token by token (one line, before any model loads)."""
+    if student_tokenizer.get_vocab() != teacher_tokenizer.get_vocab():
+        raise RecipeError(
+            f"{where}: the teacher {teacher} and the student {student} have different tokenizers; on-policy "
+            "distillation scores the student's own tokens, so both need one vocabulary (for a teacher of "
+            "another family, distil off-policy: a rejection stage from the teacher, then sft)"
+        )
+    if chat and student_tokenizer.chat_template != teacher_tokenizer.chat_template:
+        raise RecipeError(f"{where}: the teacher {teacher} and the student {student} have different chat templates; use template: plain or one chat template")
+
+
+def prompt_rows(ctx: StageContext, tokenizer):
+    """The stage's prompts rendered by its template: a one-column dataset."""
+    cfg, stage = ctx.stage.data, ctx.stage
+    ds = data_lib.load_rows(cfg, ctx)
+    data_lib.require_columns(ds, [cfg.prompt], ctx.resolve_data_source(cfg.source), f"distill stage {stage.name!r}")
+    ds = ds.select_columns([cfg.prompt])
+    return ds.map(lambda row: {"prompt": templates.render(stage.template, row[cfg.prompt], tokenizer, stage.think_prefill)},
+                  remove_columns=[cfg.prompt] if cfg.prompt != "prompt" else None)
+
+
+def build(ctx: StageContext):
+    """The stage's trainer (teacher checked first) and its metrics file."""
+    from transformers import AutoTokenizer
+    from trl import DistillationConfig, DistillationTrainer
+
+    teacher = teacher_path(ctx)
+    tokenizer = AutoTokenizer.from_pretrained(ctx.model, padding_side="left")
+    compatible(tokenizer, AutoTokenizer.from_pretrained(teacher), ctx.model, teacher, ctx.stage.template == "chat", ctx.stage.name)
+    rows = prompt_rows(ctx, tokenizer)
+    args = trainer_args(DistillationConfig, ctx, **DEFAULTS)
+    checkpoint = last_checkpoint(ctx)
+    metrics_path = ctx.dir / "metrics.jsonl"
+    log.info("%s: student %s, teacher %s, beta %s", ctx.stage.name, ctx.model, teacher, args.beta)
+    trainer = DistillationTrainer(
+        model=ctx.model,  # TRL builds both: float32 weights, model_init_kwargs / teacher_model_init_kwargs applied
+        teacher_model=teacher,
+        args=args,
+        train_dataset=rows,
+        processing_class=tokenizer,
+        callbacks=[make_metrics_log(metrics_path, checkpoint_step(checkpoint) if checkpoint else None, ctx.is_main)],
+    )
+    if trainer.accelerator.device.type == "cpu":
+        decode_samples(trainer)
+    return trainer, metrics_path
+
+
+def run(ctx: StageContext) -> StageResult:
+    trainer, metrics_path = build(ctx)
+    out = train_and_save(trainer, ctx)
+    losses = [r["loss"] for r in read_metrics(metrics_path) if "loss" in r]
+    metrics = {"rows": len(trainer.train_dataset)}
+    if losses:
+        metrics |= {"first_loss": losses[0], "last_loss": losses[-1]}
+    return StageResult(model=out, metrics=metrics)
+
+
+def decode_samples(trainer) -> bool:
+    """Sample the student's completions with r1kit's decoding loop (r1kit.sampling.decode, as a
+    grpo stage's rollouts on a CPU: several times faster than ``model.generate``), and say whether
+    it does. Same distribution (temperature and top-p, the student's current weights); taken only
+    where generate would apply nothing more (no top-k, min-p, repetition penalty or
+    generation_kwargs), never with vLLM."""
+    from trl.models import unwrap_model_for_generation
+
+    from r1kit.sampling.decode import Nucleus, decode
+
+    args = trainer.args
+    if args.use_vllm or trainer._is_vlm or args.generation_kwargs or args.top_k or args.min_p or args.repetition_penalty != 1.0 or not args.max_completion_length:
+        return False
+    draw = Nucleus(args.temperature, args.top_p).draw
+    eos_ids, pad_id = set(trainer.eos_token_ids), trainer._tokenizer.pad_token_id
+
+    def generate(prompt_ids, images, multimodal_fields, has_tool_images=False):
+        with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=args.ds3_gather_for_generation,
+                                         gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs) as model:
+            return decode(model, prompt_ids, [1] * len(prompt_ids), args.max_completion_length, draw, eos_ids, pad_id)
+
+    trainer._generate_single_turn = generate
+    return True
+
+
+DEFAULTS = {"logging_steps": 10}
+
+
+STAGE = StageKind(
+    config=DistillStage, run=run, trainer_config=lambda: __import__("trl").DistillationConfig, check=check,
+    trainer_defaults=lambda stage: DEFAULTS,
+)
