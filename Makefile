@@ -20,7 +20,7 @@ $(VENV)/.vllm: $(VENV)/.installed
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 
-.PHONY: install test demo tools-demo docs constraints
+.PHONY: install test demo tools-demo distill-demo docs constraints
 install: $(VENV)/.installed
 
 test: $(VENV)/.installed $(VENV)/.vllm
@@ -31,6 +31,9 @@ demo: $(VENV)/.installed
 
 tools-demo: $(VENV)/.installed
 	$(VENV)/bin/r1kit run recipes/tools_demo.yaml
+
+distill-demo: $(VENV)/.installed
+	$(VENV)/bin/r1kit run recipes/distill_demo.yaml
 
 # The documentation site (mkdocs.yml) into build/site; `make test` builds it too (tests/test_docs.py).
 docs: $(VENV)/.installed

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from r1kit import data as data_lib
-from r1kit import templates
+from r1kit import lora, templates
 from r1kit.config import DataConfig, StageConfig
 from r1kit.errors import RecipeError
 from r1kit.stages.base import StageContext, StageKind, StageResult
@@ -119,9 +119,10 @@ def build(ctx: StageContext):
 
 def run(ctx: StageContext) -> StageResult:
     trainer, metrics_path = build(ctx)
+    sizes = lora.parameters(trainer.model)
     out = train_and_save(trainer, ctx)
     losses = [r["loss"] for r in read_metrics(metrics_path) if "loss" in r]
-    metrics = {"rows": len(trainer.train_dataset)}
+    metrics = {"rows": len(trainer.train_dataset), **sizes}
     if losses:
         metrics |= {"first_loss": losses[0], "last_loss": losses[-1]}
     return StageResult(model=out, metrics=metrics)
