@@ -189,6 +189,8 @@ def load_benchmark(
 
     name, hub = benchmark_name(source), BENCHMARKS.get(source)
     since, until = day(since, "since"), day(until, "until")
+    if rating_table is not None:
+        codeforces.read_rating_table(rating_table)  # a bad table fails now, not after the sampling
     if data_file is not None and source not in (*BENCHMARKS, *CODE_BENCHMARKS, *CHOICE_BENCHMARKS):
         raise EvalError(f"data_file is for built-in benchmarks (a copy in the hub's schema); {source} is read as it is")
     given = None if data_file is None else data.load_source(data_file).to_list()
@@ -238,6 +240,7 @@ def load_benchmark(
         groups = {g: str(v) for g in BREAKDOWNS if (v := listed.get(g, row.get(g))) is not None}
         if code:
             tests = Tests(**{f: row.get(f) or None for f in CODE_FIELDS})
+            _check_own_limits(tests, f"{source}: row {i + 1}")
             if tests.test_cases and not tests.tests:
                 try:
                     tests.cases(pid)  # a malformed case list is the file's error, before any sampling
@@ -245,8 +248,9 @@ def load_benchmark(
                     raise EvalError(f"{source}: {exc}") from None
             problems.append(Problem(pid, str(row[problem_field]), None, groups, tests, rating=row.get("rating")))
             continue
-        if "choices" in row:
-            problems.append(_choice_problem(row, pid, str(row[problem_field]), groups, choice_seed, f"{source}: row {i + 1}"))
+        if row.get("choices") is not None:  # a mixed file's other rows hold choices: None
+            gold = {"choices": row["choices"], "answer": row.get(answer_field)}
+            problems.append(_choice_problem(gold, pid, str(row[problem_field]), groups, choice_seed, f"{source}: row {i + 1}"))
             continue
         answer = None if row[answer_field] is None else _answer_text(row[answer_field])  # None: unscorable
         if answer is not None and hub is not None and hub.answer_from is not None:
@@ -263,6 +267,17 @@ def load_benchmark(
     if any(p.choices is not None for p in problems):
         config["choice_seed"] = choice_seed  # decides the order the choices are shown in
     return Benchmark(name, source, problems, config, rating_table)
+
+
+def _check_own_limits(tests: Tests, where: str) -> None:
+    """A code row's own limits are positive numbers (seconds, MiB) and its checker Python text."""
+    for key in ("time_limit", "memory_limit"):
+        value = getattr(tests, key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            unit = "seconds" if key == "time_limit" else "MiB"
+            raise EvalError(f"{where}: {key} must be a positive number of {unit}, got {value!r}")
+    if tests.checker is not None and not isinstance(tests.checker, str):
+        raise EvalError(f"{where}: checker must be Python source text, got {type(tests.checker).__name__}")
 
 
 def _choice_problem(row: dict, pid: str, question: str, groups: dict, seed: int, where: str) -> Problem:

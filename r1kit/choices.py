@@ -18,15 +18,18 @@ every run with that seed, and the seed is recorded in the evaluation's summary.
 ``</think>`` (the whole text if there is none), the ``<answer>`` block if it has one, and never a
 tool's ``output`` block. In it, the first reader that finds something decides:
 
-1. the last ``\\boxed{...}`` (``\\boxed{C}``, ``\\boxed{\\text{(C)}}``);
-2. the last statement of the answer (``Answer: C``, ``**Answer:** (C)``, ``the answer is C.``,
-   ``the correct option is C``);
+1. the ``\\boxed{...}`` answers (``\\boxed{C}``, ``\\boxed{\\text{(C)}}``): one letter, or none if
+   boxes name different ones;
+2. the last statement of the answer: an ``Answer: C`` line (``**Answer:** (C)``, ``Answer: Option
+   B``) before any ``the answer is C`` / ``the correct option is C``;
 3. the whole span, when it is only a choice (``C``, ``(C)``, ``C) 42 kJ``).
 
-What such a reader found is a letter when it is one: alone or in parentheses, possibly followed
-by that choice's own text; else it is a choice when it is exactly one choice's text (spacing, case
-and a final period aside). A hedge names no choice and scores 0: ``A or B``, ``either B or C``,
-``\\boxed{A, C}``, a letter followed by another one (``C, or maybe D``).
+What such a reader found is a letter when it is one: alone or in parentheses, followed (in a
+statement) by anything but another choice joined to it, or (in the whole span) only by that
+choice's own text; else it is a choice when it is exactly one choice's text (spacing, case and a
+final period aside). A hedge names no choice and scores 0: ``A or B``, ``A/B``, ``either B or
+C``, ``\\boxed{A, C}``, ``C, or maybe D``. A completion still inside ``<think>`` (cut off, or never
+closing a reasoning block its prompt opened) has no final answer.
 
 Not here: answers given only in the reasoning (a model that never states a final answer scores
 0), choice letters beyond J, and free-text similarity (a paraphrase of a choice is no answer).
@@ -37,7 +40,7 @@ from __future__ import annotations
 import random
 import re
 
-from r1kit.text import last_boxed, without_tool_outputs
+from r1kit.text import without_tool_outputs
 
 LETTERS = "ABCDEFGHIJ"
 
@@ -47,13 +50,19 @@ INSTRUCTION = (
     "where LETTER is one of {letters}."
 )
 
-_MARKUP = re.compile(r"\*\*|__|\$|\\(?:text|textbf|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
-# "Answer: C", "the answer is (C)", "final answer: C", "correct option is C", "Answer - C".
-_STATEMENT = re.compile(r"\b(?:answer|option|choice)\b\s*(?:is|would be|:|-|=)\s*:?\s*([^\n]+)", re.IGNORECASE)
-# A letter at the start of what was found: "C", "(C)", "C)", "C.", "[C]", then the rest.
-_LEADING = re.compile(r"[(\[]?([A-J])(?:[)\].:]|(?=\s|$|,))(.*)", re.DOTALL)
+_BOXES = re.compile(r"\\(?:boxed|fbox)\s*\{((?:[^{}]|\{[^{}]*\})*)\}")
+_MARKUP = re.compile(r"\*\*|__|\$|\\[()\[\]]|\\(?:text|textbf|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
+# "Answer: C", "Final answer - C": a statement with a colon (or dash) wins over a later "... is C".
+_COLON = re.compile(r"\b(?:answer|option|choice)\b\s*[:=-]\s*([^\n]+)", re.IGNORECASE)
+# "the answer is (C)", "the correct option would be C" ("isn't" is no statement).
+_IS = re.compile(r"\b(?:answer|option|choice)\b\s*(?:is|would be)\b\s*:?\s*([^\n]+)", re.IGNORECASE)
+# What a statement may put before its letter: "Option B", "The answer is (D)".
+_LEAD_IN = re.compile(r"^(?:(?:the\s+)?(?:correct\s+|final\s+|right\s+)?(?:answer|option|choice)\s*(?:is\b|would be\b|[:=-])?\s*)+", re.IGNORECASE)
+# A letter at the start of what was found: "C", "(C)", "C)", "C.", "[C]", "b)" then the rest.
+_LEADING = re.compile(r"(?:[(\[]?([A-J])(?:[)\].:]|(?=[\s,/&]|$))|[(\[]?([a-j])[)\]])(.*)", re.DOTALL)
 _LONE_LETTER = re.compile(r"[(\[]?([A-Ja-j])[)\].]?")
-_OTHER_LETTER = re.compile(r"(?<![A-Za-z0-9'])[(\[]?([A-J])(?:[)\]]|(?![A-Za-z0-9']))")
+# Another choice joined to the first: "A or B", "A/B", "(A) and (B)", "C, or maybe D".
+_HEDGE = re.compile(r"^\s*(?:,|/|&|\bor\b|\band\b)\s*(?:(?:or|and|maybe|possibly|perhaps|probably)\s+)*[(\[]?([A-J])(?![A-Za-z0-9'])")
 
 
 def prompt(question: str, choices: list[str]) -> str:
@@ -82,44 +91,58 @@ def _same(a: str, b: str) -> bool:
     return " ".join(_plain(a).lower().split()) == " ".join(_plain(b).lower().split())
 
 
-def _choice_in(found: str, choices: list[str]) -> str | None:
-    """The letter `found` names (see the module docstring), or None."""
+def _choice_in(found: str, choices: list[str], statement: bool = True) -> str | None:
+    """The letter `found` names (see the module docstring), or None. Outside a statement (the
+    whole span) only a lone letter, or a letter followed by its own choice's text, counts."""
     letters = LETTERS[: len(choices)]
     found = _plain(found)
+    if statement:
+        found = _LEAD_IN.sub("", found).strip()
     lone = _LONE_LETTER.fullmatch(found)
     if lone and lone.group(1).upper() in letters:
         return lone.group(1).upper()
     lead = _LEADING.match(found)
-    if lead and lead.group(1) in letters:
-        letter, rest = lead.group(1), lead.group(2).strip()
+    if lead and (lead.group(1) or lead.group(2)).upper() in letters:
+        letter, rest = (lead.group(1) or lead.group(2)).upper(), lead.group(3).strip()
         own = choices[letters.index(letter)]
         if not rest or _same(rest, own) or _same(rest.lstrip(")].:- "), own):
             return letter
-        others = {m.group(1) for m in _OTHER_LETTER.finditer(rest)} & set(letters)
-        return letter if not others - {letter} else None
+        if not statement:
+            return None
+        hedge = _HEDGE.match(rest)
+        return None if hedge and hedge.group(1) in letters and hedge.group(1) != letter else letter
     matches = [letters[i] for i, choice in enumerate(choices) if _same(found, choice)]
     return matches[0] if len(matches) == 1 else None
 
 
-def final_span(completion: str) -> str:
-    """Where the final answer is: after the last ``</think>``, inside the ``<answer>`` block if any."""
+def final_span(completion: str, prefilled: bool = False) -> str | None:
+    """Where the final answer is: after the last ``</think>``, inside the ``<answer>`` block if
+    any; None while a ``<think>`` (the completion's, or the prompt's when `prefilled`) is open."""
     text = without_tool_outputs(completion)
-    text = text.rsplit("</think>", 1)[-1]
+    if "</think>" in text:
+        text = text.rsplit("</think>", 1)[1]
+    elif "<think>" in text or prefilled:
+        return None  # still reasoning: nothing is final yet
     end = text.rfind("</answer>")
     start = text.rfind("<answer>", 0, end) if end >= 0 else -1
     return text[start + len("<answer>") : end] if start >= 0 else text
 
 
-def answer_letter(completion: str, choices: list[str]) -> str | None:
-    """The letter of the choice `completion` answers, or None (no answer, or a hedge)."""
-    span = final_span(completion)
-    boxed = last_boxed(span)
-    if boxed is not None:
-        return _choice_in(boxed, choices)
-    statements = list(_STATEMENT.finditer(_plain(span)))
+def answer_letter(completion: str, choices: list[str], prefilled: bool = False) -> str | None:
+    """The letter of the choice `completion` answers, or None (no final answer, or a hedge).
+    `prefilled`: the prompt opened ``<think>``, so the completion starts inside it."""
+    span = final_span(completion, prefilled)
+    if span is None:
+        return None
+    boxes = _BOXES.findall(span)
+    if boxes:
+        named = {_choice_in(box, choices) for box in boxes}
+        return named.pop() if len(named) == 1 else None  # boxes that name different letters hedge
+    plain = _plain(span)
+    statements = list(_COLON.finditer(plain)) or list(_IS.finditer(plain))
     if statements:
         return _choice_in(statements[-1].group(1), choices)
-    return _choice_in(span, choices)
+    return _choice_in(span, choices, statement=False)
 
 
 def hub_rows(rows: list[dict], source: str) -> list[dict]:
@@ -142,14 +165,17 @@ def hub_rows(rows: list[dict], source: str) -> list[dict]:
 
 
 def gold_index(row: dict, where: str) -> int:
-    """The position of the correct choice in ``row["choices"]``: ``answer`` is its letter or its text."""
+    """The position of the correct choice in ``row["choices"]``: ``answer`` is its letter, its
+    text, or its 0-based index."""
     choices, answer = row["choices"], row.get("answer")
     if not isinstance(choices, list) or not 2 <= len(choices) <= len(LETTERS) or not all(isinstance(c, str) for c in choices):
         raise ValueError(f"{where}: choices must be a list of 2 to {len(LETTERS)} strings")
     letters = LETTERS[: len(choices)]
+    if isinstance(answer, int) and not isinstance(answer, bool) and 0 <= answer < len(choices):
+        return answer
     if isinstance(answer, str) and answer.strip() in letters:
         return letters.index(answer.strip())
     same = [i for i, c in enumerate(choices) if isinstance(answer, str) and _same(answer, c)]
     if len(same) != 1:
-        raise ValueError(f"{where}: answer must be one of {', '.join(letters)} or the text of one choice, got {answer!r}")
+        raise ValueError(f"{where}: answer must be one of {', '.join(letters)}, the text of one choice or its 0-based index, got {answer!r}")
     return same[0]

@@ -126,6 +126,7 @@ def _add_eval(sub) -> None:
         description="Sample k completions per problem and report pass@1, cons@k and pass@k (see r1kit.evaluate). "
         "Defaults are the DeepSeek-R1 protocol's.",
         formatter_class=_Defaults,
+        allow_abbrev=False,  # a suite takes the protocol flags given on the command line: spelled out
     )
     ev.add_argument("--benchmark", help=f"{', '.join([*BENCHMARKS, *CODE_BENCHMARKS, *CHOICE_BENCHMARKS])}, task:NAME, or a .jsonl/.json/.parquet file")
     ev.add_argument("--suite", help="a built-in suite (r1: the DeepSeek-R1 paper's table) or a suite .yaml file (r1kit.suite); instead of --benchmark")
@@ -155,6 +156,8 @@ def _cmd_eval(args) -> None:
 
     if args.suite:
         return _cmd_suite(args)
+    if args.data:
+        raise EvalError("--data NAME=FILE is for --suite; with --benchmark use --data-file FILE")
     if not args.benchmark or not args.output or bool(args.model) == bool(args.completions):
         raise EvalError("eval needs --benchmark, --output, and either --model or --completions")
     task_args = {}
@@ -187,8 +190,8 @@ def _cmd_suite(args) -> None:
 
     if args.benchmark or args.completions or not args.model or not args.output:
         raise EvalError("eval --suite needs --model and --output, and takes no --benchmark or --completions")
-    for name in ("id_field", "problem_field", "answer_field", "since", "until", "data_file"):
-        if getattr(args, name) is not None:
+    for name in ("id_field", "problem_field", "answer_field", "since", "until", "data_file", "task_arg"):
+        if getattr(args, name):
             raise EvalError(f"--{name.replace('_', '-')} is per benchmark: set it in the suite file, or use --data NAME=FILE")
     data = {}
     for text in args.data:
@@ -198,8 +201,8 @@ def _cmd_suite(args) -> None:
         data[name] = path
     suite = load_suite(args.suite)
     # Protocol flags given on the command line override the suite's values for every benchmark.
-    given = {a.split("=", 1)[0] for a in args.argv if a.startswith("--")}
-    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings) if "--" + f.name.replace("_", "-") in given and f.name != "seed"}
+    given = {a.split("=", 1)[0].removeprefix("--no-").removeprefix("--") for a in args.argv if a.startswith("--")}
+    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings) if f.name.replace("_", "-") in given and f.name != "seed"}
     cpu.keep_freed_memory()
     text = run_suite(suite, args.output, model=args.model, backend=args.backend, settings_overrides=overrides, data=data,
                      limit=args.limit, seed=args.seed, choice_seed=args.choice_seed, rating_table=args.rating_table)

@@ -16,7 +16,8 @@ that are interactive or read files instead of stdin are left out (logged). Each 
 **The rating estimate.** Codeforces rates a problem so that a contestant of that rating solves it
 with probability 1/2 under the Elo model its rating system uses: a contestant rated R solves a
 problem rated r with probability ``1 / (1 + 10 ** ((r - R) / 400))``. Given each problem's rating
-and the share of the model's k samples that passed (its pass@1 there), the estimate is the R at
+and the share of the model's k samples that passed (its pass@1 there; problems not yet rated are
+left out), the estimate is the R at
 which the expected number of solves equals the observed one: the maximum-likelihood rating of
 that logistic model, found by bisection in [0, 4000] (clipped there: a model that solves all or
 nothing has no finite estimate). CodeElo (Quan et al., 2025, arXiv:2501.01257) rates a model by
@@ -42,7 +43,7 @@ from r1kit.errors import EvalError
 log = logging.getLogger("r1kit")
 
 DATASET, SUBSET, SPLIT = "open-r1/codeforces", "verifiable", "test"
-FIELDS = ("id", "title", "description", "time_limit", "memory_limit", "rating", "official_tests", "contest_start")
+FIELDS = ("id", "title", "description", "time_limit", "memory_limit", "official_tests", "contest_start")
 INSTRUCTION = (
     "Write a Python program that reads the input from stdin and writes the answer to stdout, "
     "within the time and memory limits. Put the whole program in one ```python block."
@@ -125,12 +126,16 @@ def problems(rows: list[dict]) -> list[dict]:
         if row.get("interaction_format") or row.get("input_mode", "stdio") != "stdio":
             skipped += 1
             continue
+        for key in ("time_limit", "memory_limit", "rating"):
+            value = row.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+                raise EvalError(f"codeforces: {where} {key} must be a positive number, got {value!r}")
         tests = [{"input": t["input"], "output": t["output"]} for t in row["official_tests"]]
         if not tests:
             raise EvalError(f"codeforces: {where} has no official_tests")
         problem = _problem(str(row["id"]), _statement(row), test_cases=tests, date=_day(row["contest_start"], where))
         problem.update(time_limit=float(row["time_limit"]), memory_limit=float(row["memory_limit"]),
-                       checker=row.get("generated_checker") or None, rating=int(row["rating"]))
+                       checker=row.get("generated_checker") or None, rating=None if row.get("rating") is None else int(row["rating"]))
         out.append(problem)
     if skipped:
         log.info("codeforces: left out %d interactive or file-input problems of %d", skipped, len(rows))

@@ -34,13 +34,15 @@ appended to it (so it cannot swallow the tests with a trailing decorator or an o
   end ignored (programs run as ``__main__``). The verdict counts the cases passed. A program may
   write twice the largest expected output of the batch, when that is above the sandbox's bound.
 - ``time_limit`` / ``memory_limit``: the problem's own limits per run (Codeforces gives them),
-  in place of the judge's wall/CPU seconds and address space. They are the limits set for C++;
-  Python gets no extra time, as on Codeforces itself.
+  in place of the judge's CPU seconds and address space (the wall clock then allows twice the
+  time plus a second, so a run is not failed for waiting on a busy machine). They are the limits
+  set for C++; Python gets no extra time, as on Codeforces itself.
 - ``checker``: Python source that judges a ``test_cases`` output where several are right. It runs
   in the sandbox (under the judge's limits) as ``checker.py input.txt correct_output.txt
   solution_output.txt``, those three files in its working directory, after a program that exited
-  with status 0. The case passes when the checker exits with status 0 and does not print a score
-  below 1 first (``1``, ``ok`` or nothing: accepted; ``0`` or a non-zero exit: wrong answer).
+  with status 0 and whose output differs from the expected one (an equal output passes without
+  it). The case passes when the checker exits with status 0 and prints a number of at least 1
+  first (``1``: accepted; ``0``, anything else or a non-zero exit: wrong answer).
 
 **Why a run failed** (`Verdict.reason`): ``no program``, ``syntax error``, ``timeout``, ``output
 limit exceeded``, ``cpu time limit``, ``exited early`` (``sys.exit(0)`` before the last line), ``exit status N``,
@@ -289,8 +291,8 @@ def judge(
 
 def _own_limits(t: Tests, limits: Limits) -> Limits:
     """`limits` with the problem's own time and memory limits, where it gives them."""
-    if t.time_limit is not None:
-        limits = replace(limits, wall_s=float(t.time_limit), cpu_s=float(t.time_limit))
+    if t.time_limit is not None:  # CPU time, as judges count it; the wall clock only stops a stalled run
+        limits = replace(limits, cpu_s=float(t.time_limit), wall_s=2 * float(t.time_limit) + 1)
     if t.memory_limit is not None:
         limits = replace(limits, memory_mb=int(t.memory_limit))
     return limits
@@ -313,7 +315,8 @@ def _check(jobs, owner, expected, results, tests: list[Tests], limits: Limits) -
     """Verdicts of the checkers, by job, for the stdin/stdout runs of problems with a checker that
     exited with status 0 (the others are judged without one)."""
     todo = [j for j, (i, want, r) in enumerate(zip(owner, expected, results))
-            if want is not None and tests[owner[j]].checker and not (r.timed_out or r.output_exceeded or r.returncode)]
+            if want is not None and tests[owner[j]].checker and not (r.timed_out or r.output_exceeded or r.returncode)
+            and normalise_output(r.stdout) != normalise_output(want)]
     runs = [(_CHECKER_RUN.format(input=jobs[j][1], expected=expected[j], output=results[j].stdout, checker=tests[owner[j]].checker), "") for j in todo]
     verdicts = {}
     for j, r in zip(todo, run_many(runs, limits)):
@@ -322,9 +325,9 @@ def _check(jobs, owner, expected, results, tests: list[Tests], limits: Limits) -
             continue
         first = r.stdout.split()[0] if r.stdout.split() else ""
         try:
-            low = float(first) < 1
+            accepted = float(first) >= 1
         except ValueError:
-            low = False
-        ok = r.ok and not low
+            accepted = False
+        ok = r.ok and accepted
         verdicts[j] = (ok, None if ok else "wrong answer")
     return verdicts

@@ -162,7 +162,7 @@ def score(
         for (p, j, c), v in zip(math, verdicts)
     }
     for p, j, c in choice:
-        letter = answer_letter(c.text, p.choices)
+        letter = answer_letter(c.text, p.choices, inside[p.id])
         rows[p.id, j] = {"id": p.id, "sample": j, "completion": c.text, "answer": letter, "correct": letter == p.answer,
                          "tokens": c.tokens, "truncated": c.truncated} | _calls(c)
     for (p, j, c), v in zip(code, judge([c.text for _, _, c in code], [p.tests for p, _, _ in code], limits=limits, prefilled=[inside[p.id] for p, _, _ in code]) if code else []):

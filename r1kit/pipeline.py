@@ -65,6 +65,8 @@ def write_json_atomic(path: Path, data) -> None:
 def fingerprint(recipe: Recipe, stage) -> tuple[str, dict]:
     """A hash of everything that decides a stage's output: its config and the run's model and seed."""
     config = {"stage": to_dict(stage), "model": recipe.model, "seed": recipe.seed, "tiny_model": recipe.tiny_model}
+    if recipe.tiny_models:  # only where a recipe has them: the fingerprints of other runs stay as they were
+        config["tiny_models"] = recipe.tiny_models
     blob = json.dumps(config, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16], config
 

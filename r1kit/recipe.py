@@ -97,6 +97,7 @@ def _build(raw: dict, stage_registry) -> Recipe:
             if ref in seen and ref not in earlier:
                 raise RecipeError(f"{stage.name}.{ref_where}: stage {ref!r} runs after {stage.name!r}; a stage can only use earlier stages")
         earlier.add(stage.name)
+    _check_tiny(recipe)
     _check_sources(recipe, seen)
     _check_lengths(recipe)
     return recipe
@@ -179,6 +180,21 @@ def _check_lengths(recipe: Recipe) -> None:
                 raise RecipeError(
                     f"{stage.name}.{key}: a {tokens}-token {what} does not fit the model's context of {context} tokens ({where})"
                 )
+
+
+def _check_tiny(recipe: Recipe) -> None:
+    """tiny_model and every tiny_models entry take only r1kit.tiny.build_tiny_model's arguments."""
+    import inspect
+
+    from r1kit.tiny import build_tiny_model
+
+    allowed = [p for p in inspect.signature(build_tiny_model).parameters if p not in ("out_dir", "seed")]
+    for where, args in [("tiny_model", recipe.tiny_model), *((f"tiny_models.{n}", a) for n, a in recipe.tiny_models.items())]:
+        for key, value in args.items():
+            if key not in allowed:
+                raise RecipeError(f"{where}: unknown key {key!r}{suggest(key, allowed)}; allowed: {', '.join(allowed)}")
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise RecipeError(f"{where}.{key}: expected a whole number of at least 1, got {value!r}")
 
 
 def _check_sources(recipe: Recipe, names: set[str]) -> None:

@@ -20,7 +20,7 @@ paper's date window, Codeforces with its rating)::
 Each benchmark is evaluated by r1kit.evaluate into ``OUTPUT/<name>/`` (resumable, as a single
 evaluation is); protocol flags given on the command line override the suite's for all of them;
 ``--data NAME=FILE`` reads a built-in benchmark from a local copy in its hub schema. At the end
-``OUTPUT/suite.json`` and ``OUTPUT/suite.md`` hold the table: a row for the measured model, then a
+``OUTPUT/suite.json`` and ``OUTPUT/suite.md`` hold the table (both in its units): a row for the measured model, then a
 row per published model marked "published". Rates are in percent; a rating is a rating.
 
 The model is loaded once, on the first benchmark with problems left to sample. Not here: the
@@ -33,6 +33,8 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import yaml
 
 from r1kit.errors import EvalError, RecipeError
 
@@ -90,11 +92,14 @@ def load_suite(name_or_path: str) -> Suite:
         raw = parse_yaml(path.read_text())
         suite = from_dict(Suite, raw, str(path))
         from_dict(Protocol, suite.protocol, f"{path}: protocol")
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise EvalError(f"{path}: not valid YAML{f' at line {mark.line + 1}' if mark else ''}: {getattr(exc, 'problem', exc)}") from None
     except RecipeError as exc:
         raise EvalError(str(exc)) from None
-    names = [e.benchmark for e in suite.benchmarks]
+    names = [label(e) for e in suite.benchmarks]
     if not names or len(set(names)) != len(names):
-        raise EvalError(f"{path}: benchmarks must list each benchmark once, and at least one")
+        raise EvalError(f"{path}: benchmarks must list each benchmark once (by its name: {', '.join(names)}), and at least one")
     for i, e in enumerate(suite.benchmarks):
         if e.samples < 1:
             raise EvalError(f"{path}: benchmarks[{i}].samples must be at least 1, got {e.samples}")
@@ -102,6 +107,11 @@ def load_suite(name_or_path: str) -> Suite:
         odd = [f for f in e.report if f not in figures]
         if odd or not e.report:
             raise EvalError(f"{path}: benchmarks[{i}].report: {odd[0] if odd else 'nothing'!r} is not a figure; at k={e.samples}: {', '.join(figures)}")
+    columns = {f"{label(e)} {figure}" for e in suite.benchmarks for figure in e.report}
+    for model, figures in (suite.published.models if suite.published else {}).items():
+        stray = sorted(set(figures) - columns)
+        if stray:
+            raise EvalError(f"{path}: published.models.{model}: {stray[0]!r} is no column of the table (columns: {', '.join(sorted(columns))})")
     return suite
 
 
@@ -145,8 +155,10 @@ def table(suite: Suite, model: str, summaries: dict[str, dict]) -> tuple[str, di
     text = "\n".join(lines) + "\n"
     if suite.published:
         text += f"\nPublished rows: {suite.published.source}; not measured here.\n"
-    data = {"suite": suite.name, "model": model, "measured": measured,
-            "published": dataclasses.asdict(suite.published) if suite.published else None}
+    # suite.json in the table's units: rates in percent, as the published figures are.
+    as_shown = {h: None if v is None else v if f in NOT_RATES else round(100 * v, 4) for ((_, f), h), v in zip(zip(columns, heads), measured.values())}
+    data = {"suite": suite.name, "model": model, "units": "rates in percent; rating and percentile as they are",
+            "measured": as_shown, "published": dataclasses.asdict(suite.published) if suite.published else None}
     return text, data
 
 

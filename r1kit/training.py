@@ -72,11 +72,14 @@ def resolve_model(source: str, recipe) -> str:
 
         name = source.replace(":", "-")
         out = models / name
-        if not (out / "config.json").is_file():
+        args = {"seed": recipe.seed, **(recipe.tiny_model if source == "tiny" else recipe.tiny_models[source[5:]])}
+        built = out / "r1kit_tiny.json"  # the arguments it was built with: changed ones build it anew
+        if not (out / "config.json").is_file() or (built.is_file() and json.loads(built.read_text()) != args):
             tmp = models / f"{name}.partial"
             shutil.rmtree(tmp, ignore_errors=True)
-            args = recipe.tiny_model if source == "tiny" else recipe.tiny_models[source[5:]]
-            build_tiny_model(tmp, **{"seed": recipe.seed, **args})
+            build_tiny_model(tmp, **args)
+            (tmp / built.name).write_text(json.dumps(args, sort_keys=True))
+            shutil.rmtree(out, ignore_errors=True)
             os.replace(tmp, out)
         return str(out)
     if source.startswith(PACKAGE):

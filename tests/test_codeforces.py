@@ -35,13 +35,17 @@ def test_problems_keep_limits_checkers_ratings_and_dates():
     assert [p.id for p in load_benchmark("codeforces", data_file=CF, since="2025-01-01").problems] == ["2050/A", "2050/B"]
 
 
-def test_time_limit_is_the_problems_own():
-    slow = program("import time\ntime.sleep(1.5)\nprint(sum(map(int, input().split())))\n")
-    cases = [{"input": "1 2\n", "output": "3\n"}]
-    tight, loose = UnitTests(test_cases=cases, time_limit=1.0), UnitTests(test_cases=cases, time_limit=3.0)
-    verdicts = judge([slow, slow], [tight, loose], limits=Limits(wall_s=10, cpu_s=10))
-    assert (verdicts[0].ok, verdicts[0].reason) == (False, "timeout")
+def test_time_limit_is_the_problems_own_cpu_time():
+    # About 1.5 s of CPU: over a 1 s limit, within a 4 s one; the judge's own 10 s does not apply.
+    busy = program("import time\nend = time.process_time() + 1.5\nwhile time.process_time() < end:\n    pass\nprint(3)\n")
+    cases = [{"input": "", "output": "3\n"}]
+    tight, loose = UnitTests(test_cases=cases, time_limit=1.0), UnitTests(test_cases=cases, time_limit=4.0)
+    verdicts = judge([busy, busy], [tight, loose], limits=Limits(wall_s=10, cpu_s=10))
+    assert not verdicts[0].ok and verdicts[0].reason in ("cpu time limit", "killed by signal 9")  # RLIMIT_CPU, soft or hard
     assert verdicts[1].ok
+    # Waiting is not computing: a run that sleeps past its 1 s of CPU time passes within the wall clock.
+    sleepy = program("import time\ntime.sleep(1.2)\nprint(3)\n")
+    assert judge([sleepy], [tight], limits=Limits())[0].ok
 
 
 def test_memory_limit_is_the_problems_own():
@@ -68,7 +72,7 @@ def test_checker_accepts_any_right_output_and_rejects_wrong_ones():
 @pytest.mark.parametrize("script, reason", [("raise ValueError('broken checker')\n", "checker error"), ("import sys\nsys.exit(1)\n", "wrong answer")])
 def test_a_checker_that_fails_is_not_a_pass(script, reason):
     tests = UnitTests(test_cases=[{"input": "4\n", "output": "2\n"}], checker=script)
-    verdict = judge([program("print(2)\n")], [tests], limits=Limits())[0]
+    verdict = judge([program("print(3)\n")], [tests], limits=Limits())[0]  # 3 is not the listed 2: the checker decides
     assert (verdict.ok, verdict.reason) == (False, reason)
 
 
@@ -113,10 +117,10 @@ def test_summary_has_pass_rate_rating_and_percentile(tmp_path):
 
 def test_bad_rows_are_one_line_errors(tmp_path):
     row = json.loads(Path(CF).read_text().splitlines()[0])
-    del row["rating"]
+    del row["time_limit"]
     bad = tmp_path / "cf.jsonl"
     bad.write_text(json.dumps(row) + "\n")
-    with pytest.raises(EvalError, match=r"codeforces: row 1 \(id '2050/A'\) has no field 'rating'"):
+    with pytest.raises(EvalError, match=r"codeforces: row 1 \(id .2050/A.\) has no field .time_limit."):
         load_benchmark("codeforces", data_file=str(bad))
 
 
@@ -124,3 +128,24 @@ def test_bad_rows_are_one_line_errors(tmp_path):
 def test_codeforces_loads_from_the_hub():
     bench = load_benchmark("codeforces", limit=5)
     assert bench.domain == "code" and all(p.rating for p in bench.problems)
+
+
+def test_own_limits_and_ratings_are_checked_and_unrated_problems_left_out(tmp_path):
+    rows = [json.loads(line) for line in Path(CF).read_text().splitlines()]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({**rows[0], "time_limit": "2 seconds"}) + "\n")
+    with pytest.raises(EvalError, match=r"codeforces: row 1 \(id '2050/A'\) time_limit must be a positive number, got '2 seconds'"):
+        load_benchmark("codeforces", data_file=str(bad))
+    code = tmp_path / "code.jsonl"
+    code.write_text(json.dumps({"id": "p", "problem": "x", "test_cases": [{"input": "", "output": "1"}], "memory_limit": -5}) + "\n")
+    with pytest.raises(EvalError, match=r"code.jsonl: row 1: memory_limit must be a positive number of MiB, got -5"):
+        load_benchmark(str(code))
+    with pytest.raises(EvalError, match="cannot read the rating table"):  # before any sampling
+        load_benchmark("codeforces", data_file=CF, rating_table=str(tmp_path / "missing.json"))
+    unrated = tmp_path / "unrated.jsonl"
+    unrated.write_text("".join(json.dumps({**r, "rating": None} if r["id"] == "2050/D" else r) + "\n" for r in rows))
+    bench = load_benchmark("codeforces", data_file=str(unrated))
+    gen = tmp_path / "gen.jsonl"
+    gen.write_text("".join(json.dumps({"id": p.id, "completion": program("print(0)\n")}) + "\n" for p in bench.problems))
+    summary = score_completions(bench, gen, tmp_path / "eval")
+    assert summary["problems"] == 3 and summary["rating"] == codeforces.estimate_rating([800, 1200], [0.0, 0.0])

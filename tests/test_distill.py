@@ -159,3 +159,16 @@ def test_sigkill_mid_distill_resumes_from_its_checkpoint(write_recipe, tmp_path,
 def test_shipped_distillation_recipes_validate(capsys):
     for name in ("r1_distill.yaml", "distill_demo.yaml"):
         assert main(["validate", str(ROOT / "recipes" / name)]) == 0
+
+
+def test_tiny_models_are_checked_and_rebuilt_when_changed(write_recipe, tmp_path, capsys):
+    from r1kit.training import resolve_model
+
+    bad = write_recipe({"model": "tiny", "tiny_models": {"student": {"hiden_size": 64}}, "stages": [distill_stage()]})
+    assert main(["validate", str(bad)]) == 2
+    assert "tiny_models.student: unknown key 'hiden_size' (did you mean 'hidden_size'?)" in capsys.readouterr().err
+    rec = load_recipe(recipe(write_recipe, distill_stage()))
+    path = Path(resolve_model("tiny:student", rec))
+    assert json.loads((path / "config.json").read_text())["num_hidden_layers"] == 1
+    rec.tiny_models["student"] = {**STUDENT, "num_layers": 2}
+    assert json.loads((Path(resolve_model("tiny:student", rec)) / "config.json").read_text())["num_hidden_layers"] == 2

@@ -12,7 +12,7 @@ import pytest
 from r1kit import choices, pipeline
 from r1kit.benchmarks import load_benchmark
 from r1kit.cli import main
-from r1kit.errors import EvalError
+from r1kit.errors import EvalError, RewardError
 from r1kit.evaluate import score_completions
 from r1kit.recipe import load_recipe
 
@@ -37,6 +37,14 @@ CHOICES = ["42 kJ", "17 kJ", "3.5 mol", "none of these"]
         ("answer: c", "C"),
         ("the correct option is D", "D"),
         ("So the answer is A, since 42 kJ is what the table gives.", "A"),
+        ("Answer: Option B", "B"),
+        ("The correct answer is option C.", "C"),
+        ("Answer: Choice C", "C"),
+        ("answer: The answer is (D)", "D"),
+        ("Answer: C\n\nThe answer isn't A because 42 kJ is too much.", "C"),  # the Answer: line, not a later phrase
+        ("Answer: C (A and B are ruled out)", "C"),  # letters in a justification are no hedge
+        ("Answer: \\(B\\)", "B"),
+        ("Answer: b) 17 kJ", "B"),
         # Hedges and non-answers score 0.
         ("Answer: A or B", None),
         ("It is either B or C.", None),
@@ -48,10 +56,21 @@ CHOICES = ["42 kJ", "17 kJ", "3.5 mol", "none of these"]
         ("Answer: E", None),  # not one of the four
         ("<think>Answer: A</think> I am not sure.", None),  # only in the reasoning
         ("```python\nprint('C')\n```\n```output\nAnswer: C\n```", None),  # a tool's output is not the answer
+        ("A catalyst lowers the activation energy.", None),  # prose that starts with a capital
+        ("<answer>A catalyst is required</answer>", None),
+        ("<think>Let me see. Perhaps the answer is B. Hmm, but wait", None),  # cut off inside the reasoning
+        ("The answer is \\boxed{B} or \\boxed{C}", None),  # boxes naming two letters
     ],
 )
 def test_the_letter_is_read_from_the_final_answer(completion, letter):
     assert choices.answer_letter(completion, CHOICES) == letter
+
+
+def test_a_prompt_that_opened_think_leaves_no_answer_until_it_closes():
+    assert choices.answer_letter("The answer is B, probably", CHOICES, prefilled=True) is None
+    assert choices.answer_letter("17 kJ fits.</think>\nAnswer: B", CHOICES, prefilled=True) == "B"
+    ten = [str(n) for n in range(10)]
+    assert choices.answer_letter("I think the answer must involve kinetics.", ten) is None
 
 
 def test_gpqa_choices_are_shuffled_by_seed_and_the_prompt_letters_them():
@@ -95,7 +114,7 @@ def test_a_local_file_with_choices_and_bad_rows(tmp_path):
     assert bench.domain == "choice" and bench.problems[0].choices[["A", "B", "C"].index(bench.problems[0].answer)] == "4"
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"id": "q1", "problem": "2+2?", "choices": ["3", "4"], "answer": "E"}) + "\n")
-    with pytest.raises(EvalError, match=r"bad.jsonl: row 1: answer must be one of A, B or the text of one choice"):
+    with pytest.raises(EvalError, match=r"bad.jsonl: row 1: answer must be one of A, B, the text of one choice or its 0-based index"):
         load_benchmark(str(bad))
     with pytest.raises(EvalError, match="data_file is for built-in benchmarks"):
         load_benchmark(str(good), data_file=GPQA)
@@ -128,6 +147,9 @@ def test_multiple_choice_reward_scores_letters_and_skips_unanswerable_rows():
     scores = reward(["Answer: B", "Answer: A or B", "Answer: 3.5 mol", "Answer: A"],
                     answer=["B", "B", "C", "nonsense"], choices=[CHOICES] * 4)
     assert scores == [1.0, 0.0, 1.0, None]
+    assert reward(["Answer: C"], answer=[2], choices=[CHOICES]) == [1.0]  # a 0-based index, as MMLU's
+    with pytest.raises(RewardError, match="column 'choices' must hold a list of choice texts per row"):
+        reward(["Answer: C"], answer=["C"], choices=['["42 kJ", "17 kJ"]'])
 
 
 def test_multiple_choice_reward_trains_in_a_grpo_stage(write_recipe, tiny_model, tmp_path):
@@ -150,3 +172,13 @@ def test_eval_cli_reads_a_gpqa_copy(tmp_path, capsys):
     gen.write_text("".join(json.dumps({"id": p.id, "completion": f"Answer: {p.answer}"}) + "\n" for p in bench.problems))
     assert main(["eval", "--benchmark", "gpqa_diamond", "--data-file", GPQA, "--completions", str(gen), "--output", str(tmp_path / "e")]) == 0
     assert "| gpqa_diamond | 6 | 1 | 100.0 | 100.0 |" in capsys.readouterr().out
+
+
+def test_a_file_mixing_math_and_multiple_choice_rows(tmp_path):
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(json.dumps({"id": "m1", "problem": "1+1?", "gold": "2"}) + "\n"
+                     + json.dumps({"id": "c1", "problem": "Pick two.", "choices": ["1", "2"], "gold": "2"}) + "\n")
+    bench = load_benchmark(str(mixed), answer_field="gold")
+    math, choice = bench.problems
+    assert bench.domain == "mixed" and (math.domain, math.answer) == ("math", "2")
+    assert choice.domain == "choice" and choice.choices["AB".index(choice.answer)] == "2"

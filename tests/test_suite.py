@@ -48,7 +48,7 @@ def test_r1_suite_writes_one_table_on_the_tiny_model(tiny_model, tmp_path, capsy
     for name in COPIES:  # each benchmark evaluated in a folder of its own, with --samples over the suite's k
         summary = json.loads((out / name / "summary.json").read_text())
         assert summary["samples"] == 2 and summary["temperature"] == 0.6 and summary["max_tokens"] == 8
-        assert record["measured"][f"{name} pass@1"] == summary["pass@1"]
+        assert record["measured"][f"{name} pass@1"] == round(100 * summary["pass@1"], 4)  # percent, as in the table
     assert record["measured"]["aime24 cons@64"] is None  # k was 2: no cons@64, printed as -
     assert "rating" in json.loads((out / "codeforces" / "summary.json").read_text())
     assert json.loads((out / "gpqa_diamond" / "summary.json").read_text())["choice_seed"] == 0
@@ -67,10 +67,14 @@ def test_a_suite_of_ones_own(tiny_model, tmp_path, capsys):
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("name: x\nbenchmarks: []\n", "benchmarks must list each benchmark once, and at least one"),
+        ("name: x\nbenchmarks: []\n", "benchmarks must list each benchmark once (by its name: ), and at least one"),
         ("name: x\nbenchmarks: [{benchmark: aime24, smaples: 4}]\n", "unknown key 'smaples'"),
         ("name: x\nbenchmarks: [{benchmark: aime24, samples: 4, report: [cons@64]}]\n", "benchmarks[0].report: 'cons@64' is not a figure; at k=4"),
         ("name: x\nprotocol: {temprature: 0.6}\nbenchmarks: [{benchmark: aime24}]\n", "protocol: unknown key 'temprature'"),
+        ("name: [x\n", "not valid YAML at line"),
+        ("name: x\nbenchmarks: [{benchmark: aime24}, {benchmark: data/aime24.jsonl}]\n", "benchmarks must list each benchmark once (by its name: aime24, aime24)"),
+        ("name: x\nbenchmarks: [{benchmark: aime24}]\npublished: {source: s, models: {M: {aime24 pass@l: 1}}}\n",
+         "published.models.M: 'aime24 pass@l' is no column of the table"),
     ],
 )
 def test_bad_suites_are_one_line_errors(tmp_path, text, message):
@@ -89,6 +93,8 @@ def test_bad_suites_are_one_line_errors(tmp_path, text, message):
         (["--suite", "r1", "--data", "aime25=x.jsonl"], "--data names aime25, not a benchmark of suite r1"),
         (["--suite", "r1", "--since", "2024-01-01"], "--since is per benchmark"),
         (["--suite", "r1", "--benchmark", "aime24"], "eval --suite needs --model and --output, and takes no --benchmark"),
+        (["--suite", "r1", "--task-arg", "n=3"], "--task-arg is per benchmark"),
+        (["--benchmark", "aime24", "--data", "aime24=x.jsonl"], "--data NAME=FILE is for --suite"),
     ],
 )
 def test_bad_suite_flags_exit_2(tiny_model, tmp_path, capsys, extra, message):
@@ -96,6 +102,13 @@ def test_bad_suite_flags_exit_2(tiny_model, tmp_path, capsys, extra, message):
     err = capsys.readouterr().err
     assert err.startswith("r1kit: error: ") and message in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()  # nothing half-written
+
+
+def test_abbreviated_flags_are_refused(tiny_model, tmp_path, capsys):
+    # A suite takes the protocol flags given on the command line: an abbreviation would slip past it.
+    with pytest.raises(SystemExit) as exit:
+        main(["eval", "--suite", "r1", "--model", str(tiny_model), "--output", str(tmp_path / "o"), "--sample", "2"])
+    assert exit.value.code == 2 and "r1kit eval: error:" in capsys.readouterr().err
 
 
 def test_table_cells_rates_ratings_and_bounds():
