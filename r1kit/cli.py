@@ -357,7 +357,12 @@ COMMANDS = {"run": _cmd_run, "validate": _cmd_validate, "tiny-model": _cmd_tiny}
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command in ("run", "validate") and all("=" in e and not e.startswith("-") for e in extra):
+        args.overrides += extra  # KEY=VALUE after a flag (argparse takes positionals in one run only)
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.argv = sys.argv[1:] if argv is None else argv
     setup_logging()
     try:

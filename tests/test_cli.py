@@ -4,6 +4,7 @@ eval flags generated from the same declarations as the eval stage's fields."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -50,3 +51,14 @@ def test_eval_flags_and_the_eval_stage_share_their_declarations():
     assert {k: stage[k] for k in protocol} == protocol
     parsed = vars(_parser().parse_args(["eval", "--benchmark", "b", "--output", "o", "--model", "m"]))
     assert {k: parsed[k] for k in protocol} == protocol
+
+
+def test_overrides_may_follow_a_flag(tmp_path, capsys):
+    # `r1kit run R --accelerate-config F k=v`: argparse alone takes positionals in one run only.
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "tiny_sft.yaml"
+    assert main(["validate", str(recipe), "--here", "sft.trainer.max_steps=3"]) == 0
+    assert main(["validate", str(recipe), "--here", "sft.trainer.max_stepz=3"]) == 2  # the override after the flag is read
+    assert "max_stepz" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit:
+        main(["validate", str(recipe), "--here", "--bogus"])
+    assert exit.value.code == 2 and "unrecognized arguments: --bogus" in capsys.readouterr().err
