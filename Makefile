@@ -20,7 +20,7 @@ $(VENV)/.vllm: $(VENV)/.installed
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 
-.PHONY: install test demo tools-demo distill-demo docs constraints
+.PHONY: install test demo tools-demo distill-demo r1-zero-demo docs constraints
 install: $(VENV)/.installed
 
 test: $(VENV)/.installed $(VENV)/.vllm
@@ -34,6 +34,9 @@ tools-demo: $(VENV)/.installed
 
 distill-demo: $(VENV)/.installed
 	$(VENV)/bin/r1kit run recipes/distill_demo.yaml
+
+r1-zero-demo: $(VENV)/.installed
+	$(VENV)/bin/r1kit run recipes/r1_zero_cpu.yaml
 
 # The documentation site (mkdocs.yml) into build/site; `make test` builds it too (tests/test_docs.py).
 docs: $(VENV)/.installed

@@ -4,8 +4,12 @@
                                   each evaluated stage (with tools: calls per sample and pass@1
                                   with and without a call); the share of each grpo stage's wall
                                   time spent in its rewards; the tool-call rate over RL steps
-    output_dir/plots/<stage>.png  reward, per-reward accuracy, completion length (and the share
-                                  of rollouts calling a tool) over RL steps
+                                  and, per grpo stage, accuracy, length, the reflection share and
+                                  format/language failures from first to last step, with the step
+                                  where accuracy and length rise together (R1-Zero's signature)
+    output_dir/plots/<stage>.png  reward, per-reward means (reflection among them when logged),
+                                  completion length (and the share of rollouts calling a tool) over
+                                  RL steps, the rise marked
 
 `write_report(recipe, records)` is called by `r1kit run` at the end of a run (main process only)
 and prints the accuracy table; it reads only what the stages left in the run folder (markers,
@@ -125,6 +129,65 @@ def tool_table(recipe, out: Path) -> str | None:
     return "\n".join(lines) if len(lines) > 2 else None
 
 
+ACCURACY = ("math_accuracy", "code_tests", "multiple_choice")  # the verifiers whose mean is "accuracy"
+WINDOW = 5  # logged steps averaged at the start, at the end, and around each step
+
+
+def _accuracy_key(record: dict) -> str:
+    return next((f"rewards/{n}/mean" for n in ACCURACY if f"rewards/{n}/mean" in record), "reward")
+
+
+def _smooth(values: list[float]) -> list[float]:
+    """Each value averaged with up to WINDOW - 1 values before it."""
+    return [sum(values[max(0, i - WINDOW + 1) : i + 1]) / len(values[max(0, i - WINDOW + 1) : i + 1]) for i in range(len(values))]
+
+
+def rise_together(records: list[dict]) -> int | None:
+    """The step from which accuracy and mean completion length have both made half their rise (start:
+    mean of the first WINDOW logged steps, end: of the last WINDOW, each step smoothed over WINDOW),
+    when accuracy rose by at least 0.05 and length by at least a quarter; else None."""
+    records = [r for r in records if "completions/mean_length" in r]
+    if len(records) < 2 * WINDOW:
+        return None
+    key = _accuracy_key(records[0])
+    series = [[r[key] for r in records], [r["completions/mean_length"] for r in records]]
+    ends = [(sum(v[:WINDOW]) / WINDOW, sum(v[-WINDOW:]) / WINDOW) for v in series]
+    (a0, a1), (l0, l1) = ends
+    if a1 - a0 < 0.05 or l1 < 1.25 * l0:
+        return None
+    smooth = [_smooth(v) for v in series]
+    for i, record in enumerate(records):
+        if all(sm[i] >= start + (end - start) / 2 for sm, (start, end) in zip(smooth, ends)):
+            return record["step"]
+    return None
+
+
+def trend_table(recipe, out: Path) -> str | None:
+    """Per RL stage, what a reasoning-RL user watches, first → last logged step (each the mean of
+    WINDOW steps): accuracy, mean length, the reflection share, format and language failures, and
+    the step where accuracy and length rise together."""
+    lines = ["| stage | accuracy | mean length (tokens) | reflection | format failures | language failures | rise together at step |",
+             "|---|---|---|---|---|---|---|"]
+    for stage in recipe.stages:
+        path = out / stage.name / "metrics.jsonl"
+        records = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+        records = [r for r in records if "completions/mean_length" in r]
+        if stage.kind != "grpo" or not records:
+            continue
+
+        def span(key, fail=False):
+            values = [r[key] for r in records if r.get(key) is not None]
+            if not values:
+                return "-"
+            first, last = sum(values[:WINDOW]) / len(values[:WINDOW]), sum(values[-WINDOW:]) / len(values[-WINDOW:])
+            return f"{1 - first:.3f} → {1 - last:.3f}" if fail else (f"{first:.1f} → {last:.1f}" if key.startswith("completions") else f"{first:.3f} → {last:.3f}")
+
+        rise = rise_together(records)
+        lines.append(f"| {stage.name} | {span(_accuracy_key(records[0]))} | {span('completions/mean_length')} | {span('rewards/reflection/mean')} | "
+                     f"{span('rewards/format/mean', True)} | {span('rewards/language_consistency/mean', True)} | {rise if rise is not None else 'no'} |")
+    return "\n".join(lines) if len(lines) > 2 else None
+
+
 def plot_rl(metrics_file: Path, out: Path) -> bool:
     """Reward, per-reward means and completion length over steps; False when nothing was logged."""
     import matplotlib
@@ -149,6 +212,11 @@ def plot_rl(metrics_file: Path, out: Path) -> bool:
     axes[2].plot(steps, [r["completions/max_length"] for r in records], label="max", alpha=0.6)
     axes[2].set_title("completion length (tokens)")
     axes[2].legend(fontsize=8)
+    rise = rise_together(records)
+    if rise is not None:
+        for ax in axes[:3]:
+            ax.axvline(rise, color="grey", linestyle="--", linewidth=1)
+        axes[2].annotate("accuracy and length rise together", (rise, 0.02), xycoords=("data", "axes fraction"), fontsize=7, color="grey")
     if tools:
         axes[3].plot(steps, [r["tools/call_share"] for r in records])
         axes[3].set_ylim(0, 1.05)
@@ -177,6 +245,10 @@ def write_report(recipe, records: dict[str, dict]) -> Path:
     tools = tool_table(recipe, out)
     if tools:
         parts += ["## Tool calls in RL", "", "Logged per step (metrics.jsonl); the model's own tokens only are trained.", "", tools, ""]
+    trends = trend_table(recipe, out)
+    if trends:
+        parts += ["## What RL changed", "", f"First → last logged step, each the mean of {WINDOW} steps; failures are 1 - the reward's mean. "
+                  "The dashed line in the plots marks where accuracy and length have both made half their rise.", "", trends, ""]
     for stage in recipe.stages:
         if stage.kind == "grpo" and plot_rl(out / stage.name / "metrics.jsonl", out / "plots" / f"{stage.name}.png"):
             parts += [f"## RL curves: {stage.name}", "", f"![{stage.name}](plots/{stage.name}.png)", ""]

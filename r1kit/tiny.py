@@ -55,8 +55,9 @@ def _corpus(seed: int) -> list[str]:
     return lines
 
 
-def build_tokenizer(vocab_size: int = 400, seed: int = 0):
-    """A byte-level BPE tokenizer with Qwen2's pre-tokenization, the R1 tags and a chat template."""
+def build_tokenizer(vocab_size: int = 400, seed: int = 0, extra: list[str] | None = None):
+    """A byte-level BPE tokenizer with Qwen2's pre-tokenization, the R1 tags and a chat template,
+    trained on the built-in corpus and the texts of `extra`."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -75,7 +76,7 @@ def build_tokenizer(vocab_size: int = 400, seed: int = 0):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(seed), trainer=trainer)
+    tok.train_from_iterator(_corpus(seed) + (extra or []), trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -97,16 +98,25 @@ def build_tiny_model(
     intermediate_size: int = 256,
     vocab_size: int = 400,
     max_position_embeddings: int = 1024,
+    pretrain_steps: int = 0,
+    pretrain_batch_size: int = 64,
     seed: int = 0,
 ) -> Path:
-    """Build and save the tiny model and tokenizer into `out_dir`; returns it."""
+    """Build and save the tiny model and tokenizer into `out_dir`; returns it.
+
+    With `pretrain_steps`, the model is then pretrained on r1kit.corpus (a base model that has seen
+    reasoning in free text; its tokenizer also learns from that corpus), `pretrain_batch_size`
+    documents a step."""
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    from r1kit import corpus
 
     if hidden_size // num_heads < 32:
         raise ValueError(f"tiny model: head_dim = hidden_size / num_heads must be >= 32, got {hidden_size // num_heads}")
     out_dir = Path(out_dir)
-    tokenizer = build_tokenizer(vocab_size=vocab_size, seed=seed)
+    extra = corpus.documents(2000, seed) if pretrain_steps else None
+    tokenizer = build_tokenizer(vocab_size=vocab_size, seed=seed, extra=extra)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
@@ -122,6 +132,8 @@ def build_tiny_model(
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
+    if pretrain_steps:
+        corpus.pretrain(model, tokenizer, pretrain_steps, pretrain_batch_size, seed=seed)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     out_dir.mkdir(parents=True, exist_ok=True)
