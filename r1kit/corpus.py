@@ -30,8 +30,8 @@ from r1kit.tasks import _is_test
 MIX = {"direct": 0.60, "worked": 0.15, "noted": 0.06, "checked": 0.04, "corrected": 0.03, "answer_key": 0.12}
 #: Share of documents set as two people's lines ("Ann: <question> Bob: <answer>").
 DIALOGUE = 0.4
-#: Terms of the corpus's puzzles (as `task:last_digit`'s `terms`).
-TERMS = 3
+#: The corpus's puzzles, as `task:last_digit`'s `terms` and `ops`: sums of four one-digit numbers.
+TERMS, OPS = 4, "+"
 
 _ASK = ["What is the last digit of {e}?", "Find the last digit of {e}.", "The last digit of {e}?"]
 _SAY = ["The last digit is {v}.", "It is {v}.", "Answer: {v}."]
@@ -40,16 +40,16 @@ _FIX = ["Wait, that is wrong: {r}", "Wait, {r} , not {w}", "That was a mistake, 
 _NAMES = ["Ann", "Bob", "Maria", "Li", "Tom", "Sara", "Teacher", "Student", "Kim", "Omar"]
 
 
-def _puzzle(rng: random.Random, terms: int = TERMS):
+def _puzzle(rng: random.Random, terms: int = TERMS, ops: str = OPS):
     """A training-split last_digit puzzle: (expression, steps, answer), as r1kit.tasks draws them."""
     while True:
         xs = [rng.randint(0, 9) for _ in range(terms)]
-        ops = [rng.choice("+*") for _ in range(terms - 1)]
-        key = str(xs[0]) + "".join(f"{o}{x}" for o, x in zip(ops, xs[1:]))
+        chosen = [rng.choice(ops) for _ in range(terms - 1)]
+        key = str(xs[0]) + "".join(f"{o}{x}" for o, x in zip(chosen, xs[1:]))
         if not _is_test(key):
             break
     expr, steps, value = str(xs[0]), [], xs[0]
-    for i, (op, x) in enumerate(zip(ops, xs[1:])):
+    for i, (op, x) in enumerate(zip(chosen, xs[1:])):
         result = value + x if op == "+" else value * x
         steps.append((value, op, x, result))
         value = result % 10

@@ -121,28 +121,32 @@ def chain(n: int = 1000, terms: int = 3, split: str = "train", seed: int = 0, di
 
 
 def last_digit(
-    n: int = 1000, terms: int = 4, split: str = "train", seed: int = 0, direct: float = 0.0
+    n: int = 1000, terms: int = 4, split: str = "train", seed: int = 0, direct: float = 0.0, ops: str = "+*"
 ) -> list[dict]:
     """`n` left-to-right chains of `+` and `*` on one-digit numbers, keeping the last digit.
 
     ``What is the last digit of ((7 + 6) * 3) + 5?`` → ``<think> 7+6=13 , 3*3=9 , 9+5=14 </think>
     <answer> 4 </answer>``: each step is a one-digit fact, while the answer in one go composes
-    `terms - 1` non-commuting operations. `direct` is as in `chain`.
+    `terms - 1` non-commuting operations. `direct` is as in `chain`. `ops` are the operations
+    drawn from ("+" alone: sums, whose last digits are spread evenly; with "*" a quarter of the
+    answers are 0). A problem is in the same split whatever `ops` is.
     """
+    if not ops or set(ops) - set("+*") or len(set(ops)) != len(ops):
+        raise ValueError(f"ops must be '+', '*' or '+*', got {ops!r}")
 
     def draw(rng):
         xs = [rng.randint(0, 9) for _ in range(terms)]
-        ops = [rng.choice("+*") for _ in range(terms - 1)]
+        chosen = [rng.choice(ops) for _ in range(terms - 1)]
         expr, steps, value = str(xs[0]), [], xs[0]
-        for i, (op, x) in enumerate(zip(ops, xs[1:])):
+        for i, (op, x) in enumerate(zip(chosen, xs[1:])):
             result = value + x if op == "+" else value * x
             steps.append(f"{value}{op}{x}={result}")
             value = result % 10
             expr = f"{expr} {op} {x}" if i == terms - 2 else f"({expr} {op} {x})"
-        key = str(xs[0]) + "".join(f"{o}{x}" for o, x in zip(ops, xs[1:]))
+        key = str(xs[0]) + "".join(f"{o}{x}" for o, x in zip(chosen, xs[1:]))
         return key, f"What is the last digit of {expr}?", " , ".join(steps), value
 
-    return _rows("last_digit", terms, draw, n, split, seed, direct, f"{terms}-term chains")
+    return _rows("last_digit", terms if ops == "+*" else f"{terms}{ops}", draw, n, split, seed, direct, f"{terms}-term chains of {ops}")
 
 
 def multiply(n: int = 1000, digits: int = 3, split: str = "train", seed: int = 0, direct: float = 0.0) -> list[dict]:

@@ -161,4 +161,17 @@ def test_the_r1_zero_cpu_recipe_validates_and_builds_its_base_by_pretraining(cap
     assert recipe.tiny_model["pretrain_steps"] >= 1
     assert [s.kind for s in recipe.stages] == ["eval", "grpo", "eval"]  # no SFT
     rl = recipe.stages[1]
-    assert rl.template == "r1_zero" and {r["name"] for r in rl.rewards} == {"math_accuracy", "format", "reflection"}
+    assert {r["name"] for r in rl.rewards} == {"math_accuracy", "format", "reflection"}  # R1-Zero: accuracy and format only
+
+
+def test_last_digit_sums_share_the_split_and_refuse_unknown_operations():
+    from r1kit.errors import DataError
+    from r1kit.tasks import generate, last_digit
+
+    sums = last_digit(n=200, ops="+", split="test")
+    assert all("*" not in r["prompt"] for r in sums)
+    assert all(_is_test("".join(re.findall(r"[\d+]", r["prompt"]))) for r in sums)
+    assert {r["answer"] for r in sums} == {str(d) for d in range(10)}
+    assert last_digit(n=50) == last_digit(n=50, ops="+*")  # the default is the demo's task, unchanged
+    with pytest.raises(DataError, match=r"task:last_digit: ops must be '\+', '\*' or '\+\*', got '-'"):
+        generate("last_digit", "train", {"ops": "-"})
