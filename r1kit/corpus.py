@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import random
 
-from r1kit.tasks import _is_test
+from r1kit.tasks import _is_test, chain_of_digits
 
 #: Share of each kind of answer (they sum to 1).
 MIX = {"direct": 0.60, "worked": 0.15, "noted": 0.06, "checked": 0.04, "corrected": 0.03, "answer_key": 0.12}
@@ -40,21 +40,12 @@ _FIX = ["Wait, that is wrong: {r}", "Wait, {r} , not {w}", "That was a mistake, 
 _NAMES = ["Ann", "Bob", "Maria", "Li", "Tom", "Sara", "Teacher", "Student", "Kim", "Omar"]
 
 
-def _puzzle(rng: random.Random, terms: int = TERMS, ops: str = OPS):
-    """A training-split last_digit puzzle: (expression, steps, answer), as r1kit.tasks draws them."""
+def _puzzle(rng: random.Random) -> tuple[str, list, int]:
+    """A training-split puzzle of `TERMS` and `OPS`: (expression, steps, answer)."""
     while True:
-        xs = [rng.randint(0, 9) for _ in range(terms)]
-        chosen = [rng.choice(ops) for _ in range(terms - 1)]
-        key = str(xs[0]) + "".join(f"{o}{x}" for o, x in zip(chosen, xs[1:]))
+        key, expr, steps, value = chain_of_digits(rng, TERMS, OPS)
         if not _is_test(key):
-            break
-    expr, steps, value = str(xs[0]), [], xs[0]
-    for i, (op, x) in enumerate(zip(chosen, xs[1:])):
-        result = value + x if op == "+" else value * x
-        steps.append((value, op, x, result))
-        value = result % 10
-        expr = f"{expr} {op} {x}" if i == terms - 2 else f"({expr} {op} {x})"
-    return expr, steps, value
+            return expr, steps, value
 
 
 def _fmt(steps) -> str:

@@ -20,10 +20,10 @@ Not here: the figures themselves (stages compute them; r1kit.evaluate defines pa
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from r1kit.files import write_atomic
+from r1kit.training import read_metrics
 
 
 def _source_stage(model: str, records: dict[str, dict]) -> str:
@@ -111,15 +111,21 @@ def reward_time_table(recipe, records: dict[str, dict]) -> str | None:
     return "\n".join(lines) if len(lines) > 2 else None
 
 
+def rl_records(out: Path, stage, key: str) -> list[dict]:
+    """The logged steps of grpo stage `stage` that carry `key` (none for other stages or no log)."""
+    path = out / stage.name / "metrics.jsonl"
+    if stage.kind != "grpo" or not path.exists():
+        return []
+    return [r for r in read_metrics(path) if key in r]
+
+
 def tool_table(recipe, out: Path) -> str | None:
     """Per RL stage with tools: the share of rollouts that called a tool and the calls per rollout
     at the first and last logged steps, errors per call over the stage; None without such stages."""
     lines = ["| stage | call share (first → last step) | calls per rollout (first → last) | errors per call | sandbox s |", "|---|---|---|---|---|"]
     for stage in recipe.stages:
-        path = out / stage.name / "metrics.jsonl"
-        records = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
-        records = [r for r in records if "tools/call_share" in r]
-        if stage.kind != "grpo" or not records:
+        records = rl_records(out, stage, "tools/call_share")
+        if not records:
             continue
         first, last = records[0], records[-1]
         errors = sum(r["tools/error_share"] for r in records) / len(records)
@@ -162,6 +168,19 @@ def rise_together(records: list[dict]) -> int | None:
     return None
 
 
+def _span(records: list[dict], key: str, fail: bool) -> str:
+    """`key`'s mean over the first WINDOW and the last WINDOW records ("-" if never logged); with
+    `fail`, of 1 - the value (a failure rate)."""
+    values = [r[key] for r in records if r.get(key) is not None]
+    if not values:
+        return "-"
+    first, last = (sum(v) / len(v) for v in (values[:WINDOW], values[-WINDOW:]))
+    if fail:
+        first, last = 1 - first, 1 - last
+    digits = 1 if key.startswith("completions/") else 3
+    return f"{first:.{digits}f} → {last:.{digits}f}"
+
+
 def trend_table(recipe, out: Path) -> str | None:
     """Per RL stage, what a reasoning-RL user watches, first → last logged step (each the mean of
     WINDOW steps): accuracy, mean length, the reflection share, format and language failures, and
@@ -169,22 +188,14 @@ def trend_table(recipe, out: Path) -> str | None:
     lines = ["| stage | accuracy | mean length (tokens) | reflection | format failures | language failures | rise together at step |",
              "|---|---|---|---|---|---|---|"]
     for stage in recipe.stages:
-        path = out / stage.name / "metrics.jsonl"
-        records = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
-        records = [r for r in records if "completions/mean_length" in r]
-        if stage.kind != "grpo" or not records:
+        records = rl_records(out, stage, "completions/mean_length")
+        if not records:
             continue
 
-        def span(key, fail=False):
-            values = [r[key] for r in records if r.get(key) is not None]
-            if not values:
-                return "-"
-            first, last = sum(values[:WINDOW]) / len(values[:WINDOW]), sum(values[-WINDOW:]) / len(values[-WINDOW:])
-            return f"{1 - first:.3f} → {1 - last:.3f}" if fail else (f"{first:.1f} → {last:.1f}" if key.startswith("completions") else f"{first:.3f} → {last:.3f}")
-
         rise = rise_together(records)
-        lines.append(f"| {stage.name} | {span(_accuracy_key(records[0]))} | {span('completions/mean_length')} | {span('rewards/reflection/mean')} | "
-                     f"{span('rewards/format/mean', True)} | {span('rewards/language_consistency/mean', True)} | {rise if rise is not None else 'no'} |")
+        spans = [_span(records, key, fail) for key, fail in [(_accuracy_key(records[0]), False), ("completions/mean_length", False),
+                 ("rewards/reflection/mean", False), ("rewards/format/mean", True), ("rewards/language_consistency/mean", True)]]
+        lines.append(f"| {stage.name} | {' | '.join(spans)} | {rise if rise is not None else 'no'} |")
     return "\n".join(lines) if len(lines) > 2 else None
 
 
@@ -195,8 +206,7 @@ def plot_rl(metrics_file: Path, out: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = [json.loads(line) for line in metrics_file.read_text().splitlines()] if metrics_file.exists() else []
-    records = [r for r in records if "reward" in r]
+    records = [r for r in read_metrics(metrics_file) if "reward" in r] if metrics_file.exists() else []
     if not records:
         return False
     steps = [r["step"] for r in records]
@@ -247,8 +257,8 @@ def write_report(recipe, records: dict[str, dict]) -> Path:
         parts += ["## Tool calls in RL", "", "Logged per step (metrics.jsonl); the model's own tokens only are trained.", "", tools, ""]
     trends = trend_table(recipe, out)
     if trends:
-        parts += ["## What RL changed", "", f"First → last logged step, each the mean of {WINDOW} steps; failures are 1 - the reward's mean. "
-                  "The dashed line in the plots marks where accuracy and length have both made half their rise.", "", trends, ""]
+        parts += ["## What RL changed", "", (f"First → last logged step, each the mean of {WINDOW} steps; failures are 1 - the reward's mean. "
+                  "The dashed line in the plots marks where accuracy and length have both made half their rise."), "", trends, ""]
     for stage in recipe.stages:
         if stage.kind == "grpo" and plot_rl(out / stage.name / "metrics.jsonl", out / "plots" / f"{stage.name}.png"):
             parts += [f"## RL curves: {stage.name}", "", f"![{stage.name}](plots/{stage.name}.png)", ""]

@@ -120,6 +120,21 @@ def chain(n: int = 1000, terms: int = 3, split: str = "train", seed: int = 0, di
     return _rows("chain", terms, draw, n, split, seed, direct, f"{terms}-term sums")
 
 
+def chain_of_digits(rng: random.Random, terms: int, ops: str) -> tuple[str, str, list[tuple[int, str, int, int]], int]:
+    """One `last_digit` problem drawn from `rng`: its key (which decides its split), the expression
+    ``((7 + 6) * 3) + 5``, the steps as (left, op, right, result), each left the last digit of the
+    result before it, and the answer (the last digit). r1kit.corpus draws its puzzles here too."""
+    xs = [rng.randint(0, 9) for _ in range(terms)]
+    chosen = [rng.choice(ops) for _ in range(terms - 1)]
+    expr, steps, value = str(xs[0]), [], xs[0]
+    for i, (op, x) in enumerate(zip(chosen, xs[1:])):
+        result = value + x if op == "+" else value * x
+        steps.append((value, op, x, result))
+        value = result % 10
+        expr = f"{expr} {op} {x}" if i == terms - 2 else f"({expr} {op} {x})"
+    return str(xs[0]) + "".join(f"{o}{x}" for o, x in zip(chosen, xs[1:])), expr, steps, value
+
+
 def last_digit(
     n: int = 1000, terms: int = 4, split: str = "train", seed: int = 0, direct: float = 0.0, ops: str = "+*"
 ) -> list[dict]:
@@ -135,16 +150,8 @@ def last_digit(
         raise ValueError(f"ops must be '+', '*' or '+*', got {ops!r}")
 
     def draw(rng):
-        xs = [rng.randint(0, 9) for _ in range(terms)]
-        chosen = [rng.choice(ops) for _ in range(terms - 1)]
-        expr, steps, value = str(xs[0]), [], xs[0]
-        for i, (op, x) in enumerate(zip(chosen, xs[1:])):
-            result = value + x if op == "+" else value * x
-            steps.append(f"{value}{op}{x}={result}")
-            value = result % 10
-            expr = f"{expr} {op} {x}" if i == terms - 2 else f"({expr} {op} {x})"
-        key = str(xs[0]) + "".join(f"{o}{x}" for o, x in zip(chosen, xs[1:]))
-        return key, f"What is the last digit of {expr}?", " , ".join(steps), value
+        key, expr, steps, value = chain_of_digits(rng, terms, ops)
+        return key, f"What is the last digit of {expr}?", " , ".join(f"{a}{op}{b}={r}" for a, op, b, r in steps), value
 
     return _rows("last_digit", terms if ops == "+*" else f"{terms}{ops}", draw, n, split, seed, direct, f"{terms}-term chains of {ops}")
 
