@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
         ("That was a MISTAKE, and it is wrong; I verify again.", 1.0, 3),
         ("however you add it, but twice: retry, error, evaluate", 1.0, 5),
         ("The waiter brought butter on a checkered cloth, awaited and unchecked.", 0.0, 0),  # no whole word
+        ("They await a rebut; recheck later.", 0.0, 0),  # nor a word that ends in one
         ("It is 4.", 0.0, 0),
         ("wait-listed? no: checks, verifying, errors", 0.0, 0),  # other word forms are other words
         ("<think> ```python\nprint(1/0)\n```\n```output\nZeroDivisionError: division by zero\n``` </think> 1", 0.0, 0),  # the tool's words
@@ -110,7 +111,7 @@ def test_pretraining_lowers_the_loss_and_is_recorded_in_the_build(tmp_path):
 def _records(acc, length, reflection=None):
     rows = []
     for i, (a, n) in enumerate(zip(acc, length)):
-        row = {"step": i + 1, "reward": a, "rewards/math_accuracy/mean": a, "rewards/format/mean": 0.5, "completions/mean_length": n, "completions/max_length": 2 * n}
+        row = {"step": i + 1, "reward": a, "rewards/math_accuracy/mean": a, "rewards/format/mean": 0.8, "completions/mean_length": n, "completions/max_length": 2 * n}
         if reflection is not None:
             row["rewards/reflection/mean"] = reflection[i]
         rows.append(row)
@@ -136,7 +137,7 @@ def test_the_report_shows_what_rl_changed(tmp_path, write_recipe, tiny_model):
     rows = _records([0.1] * 10 + [0.6] * 10, [10.0] * 10 + [30.0] * 10, [0.0] * 10 + [0.4] * 10)
     (tmp_path / "run" / "rl" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     table = trend_table(recipe, tmp_path / "run")
-    assert "| rl | 0.100 → 0.600 | 10.0 → 30.0 | 0.000 → 0.400 | 0.500 → 0.500 | - | 13 |" in table
+    assert "| rl | 0.100 → 0.600 | 10.0 → 30.0 | 0.000 → 0.400 | 0.200 → 0.200 | - | 13 |" in table
     report = write_report(recipe, {}).read_text()
     assert "## What RL changed" in report and table in report
     assert (tmp_path / "run" / "plots" / "rl.png").is_file()
