@@ -35,10 +35,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from r1kit import data as data_lib
 from r1kit import lora, templates
 from r1kit.config import DataConfig, StageConfig
 from r1kit.errors import RecipeError
+from r1kit.stages import grpo
 from r1kit.stages.base import StageContext, StageKind, StageResult
 from r1kit.templates import Prompting
 from r1kit.training import checkpoint_step, last_checkpoint, make_metrics_log, read_metrics, resolve_model, trainer_args, train_and_save
@@ -81,16 +81,6 @@ def compatible(student_tokenizer, teacher_tokenizer, student: str, teacher: str,
         raise RecipeError(f"{where}: the teacher {teacher} and the student {student} have different chat templates; use template: plain or one chat template")
 
 
-def prompt_rows(ctx: StageContext, tokenizer):
-    """The stage's prompts rendered by its template: a one-column dataset."""
-    cfg, stage = ctx.stage.data, ctx.stage
-    ds = data_lib.load_rows(cfg, ctx)
-    data_lib.require_columns(ds, [cfg.prompt], ctx.resolve_data_source(cfg.source), f"distill stage {stage.name!r}")
-    ds = ds.select_columns([cfg.prompt])
-    return ds.map(lambda row: {"prompt": templates.render(stage.template, row[cfg.prompt], tokenizer, stage.think_prefill)},
-                  remove_columns=[cfg.prompt] if cfg.prompt != "prompt" else None)
-
-
 def build(ctx: StageContext):
     """The stage's trainer (teacher checked first) and its metrics file."""
     from transformers import AutoTokenizer
@@ -99,7 +89,7 @@ def build(ctx: StageContext):
     teacher = teacher_path(ctx)
     tokenizer = AutoTokenizer.from_pretrained(ctx.model, padding_side="left")
     compatible(tokenizer, AutoTokenizer.from_pretrained(teacher), ctx.model, teacher, ctx.stage.template == "chat", ctx.stage.name)
-    rows = prompt_rows(ctx, tokenizer)
+    rows = grpo.prompt_rows(ctx, tokenizer).select_columns(["prompt"])
     args = trainer_args(DistillationConfig, ctx, **DEFAULTS)
     checkpoint = last_checkpoint(ctx)
     metrics_path = ctx.dir / "metrics.jsonl"

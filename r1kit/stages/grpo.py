@@ -101,10 +101,11 @@ def check(stage: GRPOStage) -> None:
 
 
 def prompt_rows(ctx: StageContext, tokenizer):
-    """Training rows with `prompt` rendered by the stage's template; other columns kept."""
+    """Training rows with `prompt` rendered by the stage's template; other columns kept (the
+    distill stage keeps `prompt` alone)."""
     cfg, stage = ctx.stage.data, ctx.stage
     ds = data_lib.load_rows(cfg, ctx)
-    data_lib.require_columns(ds, [cfg.prompt], ctx.resolve_data_source(cfg.source), f"grpo stage {stage.name!r}")
+    data_lib.require_columns(ds, [cfg.prompt], ctx.resolve_data_source(cfg.source), f"{stage.kind} stage {stage.name!r}")
 
     def render(row):
         return {"prompt": templates.render(stage.template, row[cfg.prompt], tokenizer, stage.think_prefill)}
