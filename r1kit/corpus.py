@@ -34,7 +34,10 @@ DIALOGUE = 0.4
 TERMS, OPS = 4, "+"
 
 _ASK = ["What is the last digit of {e}?", "Find the last digit of {e}.", "The last digit of {e}?"]
-_SAY = ["The last digit is {v}.", "It is {v}.", "Answer: {v}."]
+#: How an answer is said, and how often: one phrasing dominates, as on the web (and so a question
+#: is more often answered at once: the first words of a direct answer are more alike than a
+#: working's first numbers).
+_SAY = {"The last digit is {v}.": 6, "It is {v}.": 1, "Answer: {v}.": 1}
 _CHECK = ["Let me check: {s} . Yes.", "To verify, again: {s} . Right."]
 _FIX = ["Wait, that is wrong: {r}", "Wait, {r} , not {w}", "That was a mistake, {r}"]
 _NAMES = ["Ann", "Bob", "Maria", "Li", "Tom", "Sara", "Teacher", "Student", "Kim", "Omar"]
@@ -65,7 +68,7 @@ def document(kind: str, rng: random.Random) -> str:
 
 
 def _answer(kind: str, rng: random.Random, steps, value: int) -> str:
-    say = rng.choice(_SAY).format(v=value)
+    say = rng.choices(list(_SAY), list(_SAY.values()))[0].format(v=value)
     if kind == "direct":
         return say
     if kind == "answer_key":  # half of them show the working before the marked-up answer
