@@ -75,6 +75,9 @@ def test_the_corpus_mixes_answers_as_documented_and_reflection_only_where_it_bel
     assert sum(found) / n == pytest.approx(corpus.MIX["checked"] + corpus.MIX["corrected"], abs=0.01)
     assert sum(worked) / n == pytest.approx(1 - corpus.MIX["direct"] - corpus.MIX["answer_key"] / 2, abs=0.015)
     assert all(w for w, f in zip(worked, found) if f)  # reflection only inside worked solutions
+    said = [re.findall(r"(The last digit is|It is|Answer:) \d\.", d) for d in rng_docs]
+    dominant = sum(s[-1] == "The last digit is" for s in said if s) / sum(1 for s in said if s)
+    assert dominant == pytest.approx(6 / 8, abs=0.015)  # one phrasing dominates, as documented
 
 
 def test_a_corrected_document_fixes_the_wrong_step_and_keeps_the_right_answer():
