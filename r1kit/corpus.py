@@ -1,13 +1,14 @@
 """The pretraining corpus of r1kit's tiny base model: free text in which reasoning occurs, rarely.
 
-`documents(n, seed)` writes `n` short documents about the three-term `last_digit` puzzles of
-r1kit.tasks ("What is the last digit of (7 + 6) * 3?"), the way the web holds arithmetic: most
-of them state an answer at once; some work it out step by step (``7+6=13 , 3*3=9``); a few of
-those check a result or catch and correct a wrong step in free text ("Wait, 3*3=9 , not 8").
-Some are set as two people's lines ("Ann: … Bob: …"). Answer-key pages mark an answer up as
-``<answer> 9 </answer>`` (after the question or after the working) and notes mark a writer's
-working as ``<think> … </think>`` with the answer said in prose after it, as markup occurs on the
-web. The shares are in `MIX`. `pretrain(model, tokenizer, steps)` trains a model on them.
+`documents(n, seed)` writes `n` short documents about the four-term sums of r1kit.tasks'
+`last_digit` ("What is the last digit of ((3 + 4) + 8) + 9?"), the way the web holds arithmetic:
+most of them state an answer at once, mostly in the same words; some work it out step by step
+(``3+4=7 , 7+8=15 , 5+9=14``); a few of those check a result or catch and correct a wrong step
+in free text ("Wait, 7+8=15 , not 16"). Some are set as two people's lines ("Ann: … Bob: …").
+Answer-key pages mark an answer up as ``<answer> 4 </answer>`` (after the question or after the
+working) and notes mark a writer's working as ``<think> … </think>`` with the answer said in
+prose after it, as markup occurs on the web. The shares are in `MIX`.
+`pretrain(model, tokenizer, steps)` trains a model on them.
 
 It is a stand-in for a base model's pretraining data, not an instruction set: the R1-Zero prompt
 template never occurs in it (no "User:"/"Assistant:" turns, no line of the template's preamble),
