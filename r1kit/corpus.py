@@ -1,21 +1,29 @@
 """The pretraining corpus of r1kit's tiny base model: free text in which reasoning occurs, rarely.
 
 `documents(n, seed)` writes `n` short documents about the four-term sums of r1kit.tasks'
-`last_digit` ("What is the last digit of ((3 + 4) + 8) + 9?"), the way the web holds arithmetic:
-most of them state an answer at once, mostly in the same words; some work it out step by step
-(``3+4=7 , 7+8=15 , 5+9=14``); a few of those check a result or catch and correct a wrong step
-in free text ("Wait, 7+8=15 , not 16"). Some are set as two people's lines ("Ann: … Bob: …").
-Answer-key pages mark an answer up as ``<answer> 4 </answer>`` (after the question or after the
-working) and notes mark a writer's working as ``<think> … </think>`` with the answer said in
-prose after it, as markup occurs on the web. The shares are in `MIX`.
-`pretrain(model, tokenizer, steps)` trains a model on them.
+`last_digit` ("What is the last digit of ((3 + 4) + 8) + 9?"), of two sorts, as the web holds
+arithmetic:
+
+- Worked exercises, with no one asking: "Work out ((3 + 4) + 8) + 9 : 3+4=7 , 7+8=15 , 5+9=14 .
+  The last digit is 4." A few check a step or catch and correct a wrong one in free text
+  ("Wait, 7+8=15 , not 16"). Here the skill is learned.
+- Questions and their answers. Most are answered at once, mostly by restating the sum ("The last
+  digit of ((3 + 4) + 8) + 9 is 4."); some by an answer key (``<answer> 4 </answer>``); a few by
+  a writer who answers at once, then stops to check by working the sum out, and gives the answer
+  the working finds ("The last digit of ((3 + 4) + 8) + 9 is 7. Wait, let me check ((3 + 4) + 8)
+  + 9 : 3+4=7 , 7+8=15 , 5+9=14 . The last digit is 4."). The quick answer is a guess (right one
+  time in ten), as a sum of four terms is at once for this model. Some are set as two people's
+  lines ("Ann: … Bob: …").
+
+The shares are in `MIX`. A model pretrained on it can work a sum out, and asked a question it
+answers at once nearly always: it works the sum out only to check a quick answer, and rarely.
+`pretrain(model, tokenizer, steps)` trains a model on it.
 
 It is a stand-in for a base model's pretraining data, not an instruction set: the R1-Zero prompt
-template never occurs in it (no "User:"/"Assistant:" turns, no line of the template's preamble),
-no ``<think>`` block is ever followed by an ``<answer>`` block, and the puzzles come from the
-training split only (the held-out problems of `task:last_digit` are never in it). A model
-pretrained on it has seen reasoning and reflection but, asked a question, mostly answers at
-once: what GRPO with only accuracy and format rewards can find and grow (R1-Zero).
+template never occurs in it (no "User:"/"Assistant:" turns, no line of the template's preamble,
+no ``<think>`` tag), and the puzzles come from the training split only (the held-out problems of
+`task:last_digit` are never in it). What GRPO with only accuracy and format rewards can find in
+a model pretrained on it, and grow, is the rare check (R1-Zero's "aha moment").
 
 Not here: building the model (r1kit.tiny, ``tiny_model: {pretrain_steps: N}``) and the tasks' own
 demonstrations (r1kit.tasks).
@@ -27,18 +35,22 @@ import random
 
 from r1kit.tasks import _is_test, chain_of_digits
 
-#: Share of each kind of answer (they sum to 1).
-MIX = {"direct": 0.60, "worked": 0.15, "noted": 0.06, "checked": 0.04, "corrected": 0.03, "answer_key": 0.12}
-#: Share of documents set as two people's lines ("Ann: <question> Bob: <answer>").
+#: Share of each kind of document (they sum to 1): worked exercises (plain, checked, corrected)
+#: and questions (answered at once, by an answer key, or at once and then rechecked).
+MIX = {"worked": 0.20, "checked": 0.03, "corrected": 0.03, "direct": 0.60, "answer_key": 0.08, "rechecked": 0.06}
+EXERCISES = ("worked", "checked", "corrected")
+#: Share of questions set as two people's lines ("Ann: <question> Bob: <answer>").
 DIALOGUE = 0.4
 #: The corpus's puzzles, as `task:last_digit`'s `terms` and `ops`: sums of four one-digit numbers.
 TERMS, OPS = 4, "+"
 
 _ASK = ["What is the last digit of {e}?", "Find the last digit of {e}.", "The last digit of {e}?"]
-#: How an answer is said, and how often: one phrasing dominates, as on the web (and so a question
-#: is more often answered at once: the first words of a direct answer are more alike than a
-#: working's first numbers).
-_SAY = {"The last digit is {v}.": 6, "It is {v}.": 1, "Answer: {v}.": 1}
+_EXERCISE = ["Work out {e} :", "Sum {e} :", "Exercise. {e} :"]
+#: How an answer given at once is said, and how often: one phrasing dominates, as on the web.
+_SAY = {"The last digit of {e} is {v}.": 5, "The last digit is {v}.": 1, "It is {v}.": 1, "Answer: {v}.": 1}
+#: How the answer a working found is said.
+_CONCLUDE = {"The last digit is {v}.": 6, "It is {v}.": 1, "Answer: {v}.": 1}
+_RECHECK = ["Wait, let me check", "Wait, let me verify", "Wait, check"]
 _CHECK = ["Let me check: {s} . Yes.", "To verify, again: {s} . Right."]
 _FIX = ["Wait, that is wrong: {r}", "Wait, {r} , not {w}", "That was a mistake, {r}"]
 _NAMES = ["Ann", "Bob", "Maria", "Li", "Tom", "Sara", "Teacher", "Student", "Kim", "Omar"]
@@ -56,30 +68,36 @@ def _fmt(steps) -> str:
     return " , ".join(f"{a}{op}{b}={r}" for a, op, b, r in steps)
 
 
+def _pick(rng: random.Random, weighted: dict, **fields) -> str:
+    return rng.choices(list(weighted), list(weighted.values()))[0].format(**fields)
+
+
 def document(kind: str, rng: random.Random) -> str:
-    """One document whose answer is of `kind` (a key of `MIX`): the question and the answer, as
-    prose or as two people's lines."""
+    """One document of `kind` (a key of `MIX`): an exercise, or a question and its answer as prose
+    or as two people's lines."""
+    if kind not in MIX:
+        raise ValueError(f"unknown document kind {kind!r}; kinds: {', '.join(MIX)}")
     expr, steps, value = _puzzle(rng)
+    conclusion = _pick(rng, _CONCLUDE, v=value)
+    if kind in EXERCISES:
+        return f"{rng.choice(_EXERCISE).format(e=expr)} {_working(kind, rng, steps)} {conclusion}"
     ask = rng.choice(_ASK).format(e=expr)
-    reply = _answer(kind, rng, steps, value)
+    if kind == "direct":
+        reply = _pick(rng, _SAY, e=expr, v=value)
+    elif kind == "answer_key":
+        reply = f"<answer> {value} </answer>"
+    else:  # rechecked: a quick answer, then the sum worked out as an exercise, and what that finds
+        guess = f"The last digit of {expr} is {rng.randrange(10)}."
+        reply = f"{guess} {rng.choice(_RECHECK)} {expr} : {_fmt(steps)} . {conclusion}"
     if rng.random() < DIALOGUE:
         asker, answerer = rng.sample(_NAMES, 2)
         return f"{asker}: {ask} {answerer}: {reply}"
     return f"{ask} {reply}"
 
 
-def _answer(kind: str, rng: random.Random, steps, value: int) -> str:
-    say = rng.choices(list(_SAY), list(_SAY.values()))[0].format(v=value)
-    if kind == "direct":
-        return say
-    if kind == "answer_key":  # half of them show the working before the marked-up answer
-        return f"{_fmt(steps) + ' . ' if rng.random() < 0.5 else ''}<answer> {value} </answer>"
-    if kind == "noted":  # a writer's working marked up as thought, the answer said in prose
-        return f"<think> {_fmt(steps)} </think> {say}"
-    if kind == "worked":
-        return f"{_fmt(steps)} . {say}"
+def _working(kind: str, rng: random.Random, steps) -> str:
     if kind == "checked":
-        return f"{_fmt(steps)} . {rng.choice(_CHECK).format(s=_fmt(steps[-1:]))} {say}"
+        return f"{_fmt(steps)} . {rng.choice(_CHECK).format(s=_fmt(steps[-1:]))}"
     if kind == "corrected":
         i = rng.randrange(len(steps))
         a, op, b, r = steps[i]
@@ -87,8 +105,8 @@ def _answer(kind: str, rng: random.Random, steps, value: int) -> str:
         before = _fmt(steps[:i] + [(a, op, b, wrong)])
         fix = rng.choice(_FIX).format(r=f"{a}{op}{b}={r}", w=wrong)
         after = f" , {_fmt(steps[i + 1:])}" if i + 1 < len(steps) else ""
-        return f"{before} . {fix}{after} . {say}"
-    raise ValueError(f"unknown document kind {kind!r}; kinds: {', '.join(MIX)}")
+        return f"{before} . {fix}{after} ."
+    return f"{_fmt(steps)} ."
 
 
 def documents(n: int, seed: int = 0) -> list[str]:

@@ -49,6 +49,9 @@ def test_reflection_phrases_are_configurable_and_checked():
         reward_registry.build("reflection", {"phrases": "wait"})
 
 
+SUM = r"\(\(\d \+ \d\) \+ \d\) \+ \d"  # a corpus puzzle as written: ((3 + 4) + 8) + 9
+
+
 def test_the_corpus_never_shows_the_template_its_layout_or_a_held_out_problem():
     docs = corpus.documents(20_000, seed=3)
     text = "\n".join(docs)
@@ -56,31 +59,57 @@ def test_the_corpus_never_shows_the_template_its_layout_or_a_held_out_problem():
         if len(sentence) > 12:
             assert sentence not in text, sentence  # no line of the template's preamble
     assert "User:" not in text and "Assistant:" not in text and "A conversation between" not in text
-    for doc in docs:
-        assert not re.search(r"</think>\s*<answer>", doc), doc  # never the template's layout
-        assert doc.count("<think>") == doc.count("</think>") <= 1
-    expressions = re.findall(r"last digit of ([()\d +*]+?)[?.:]", text)
-    assert len(expressions) == len(docs)
-    keys = {"".join(re.findall(r"[\d+*]", e)) for e in expressions}
+    assert "<think>" not in text and "</think>" not in text  # never the template's layout
+    sums = [re.findall(SUM, d) for d in docs]
+    assert all(sums)
+    keys = {"".join(re.findall(r"[\d+]", e)) for doc in sums for e in doc}
     assert not any(_is_test(k) for k in keys)  # training problems only
     assert len(keys) > 1000
 
 
-def test_the_corpus_mixes_answers_as_documented_and_reflection_only_where_it_belongs():
-    rng_docs = corpus.documents(20_000, seed=0)
-    assert rng_docs == corpus.documents(20_000, seed=0) and rng_docs != corpus.documents(20_000, seed=1)
-    found = reward_registry.build("reflection", {})(rng_docs)
-    worked = [bool(re.search(r"\d[+*]\d=\d", d)) for d in rng_docs]
-    n = len(rng_docs)
-    assert sum(found) / n == pytest.approx(corpus.MIX["checked"] + corpus.MIX["corrected"], abs=0.01)
-    assert sum(worked) / n == pytest.approx(1 - corpus.MIX["direct"] - corpus.MIX["answer_key"] / 2, abs=0.015)
-    assert all(w for w, f in zip(worked, found) if f)  # reflection only inside worked solutions
-    said = [re.findall(r"(The last digit is|It is|Answer:) \d\.", d) for d in rng_docs]
-    dominant = sum(s[-1] == "The last digit is" for s in said if s) / sum(1 for s in said if s)
-    assert dominant == pytest.approx(6 / 8, abs=0.015)  # one phrasing dominates, as documented
+def test_the_corpus_mixes_documents_as_documented_and_reflection_only_where_it_belongs():
+    docs = corpus.documents(20_000, seed=0)
+    assert docs == corpus.documents(20_000, seed=0) and docs != corpus.documents(20_000, seed=1)
+    n = len(docs)
+    found = reward_registry.build("reflection", {})(docs)
+    worked = [bool(re.search(r"\d\+\d=\d", d)) for d in docs]
+    asked = [bool(re.search(r"(What is the|Find the|^The|: The) last digit of " + SUM + r"[?.] ", d)) for d in docs]
+    share = {k: sum(v) / n for k, v in {"found": found, "worked": worked, "asked": asked}.items()}
+    mix = corpus.MIX
+    assert share["found"] == pytest.approx(mix["checked"] + mix["corrected"] + mix["rechecked"], abs=0.01)
+    assert share["worked"] == pytest.approx(sum(mix[k] for k in corpus.EXERCISES) + mix["rechecked"], abs=0.01)
+    assert share["asked"] == pytest.approx(1 - sum(mix[k] for k in corpus.EXERCISES), abs=0.01)
+    assert all(w for w, f in zip(worked, found) if f)  # reflection only beside a working
+    # Asked a question, a writer works the sum out only to check a quick answer.
+    questions_worked = [d for d, w, a in zip(docs, worked, asked) if w and a]
+    assert questions_worked and all(re.search(r"is \d\. Wait, (let me )?(check|verify) " + SUM + " : ", d) for d in questions_worked)
+    assert len(questions_worked) / sum(asked) < 0.1
+    said = [re.findall(r"(The last digit of " + SUM + r" is|The last digit is|It is|Answer:) \d\.", d) for d, w in zip(docs, worked) if not w]
+    dominant = sum(s[-1].startswith("The last digit of") for s in said if s) / sum(1 for s in said if s)
+    assert dominant == pytest.approx(5 / 8, abs=0.015)  # one phrasing dominates, as documented
 
 
-def test_a_corrected_document_fixes_the_wrong_step_and_keeps_the_right_answer():
+def test_a_rechecked_answer_restates_the_sum_works_it_out_and_ends_on_the_right_answer():
+    import random
+
+    rng = random.Random(0)
+    wrong_guesses = 0
+    for _ in range(300):
+        doc = corpus.document("rechecked", rng)
+        asked, guessed, checked = re.findall(SUM, doc)
+        assert asked == guessed == checked, doc
+        terms = [int(t) for t in re.findall(r"\d", asked)]
+        steps = re.findall(r"(\d)\+(\d)=(\d+)", doc)
+        assert [int(s[0]) for s in steps] == [terms[0]] + [int(s[2]) % 10 for s in steps[:-1]], doc
+        assert [int(s[1]) for s in steps] == terms[1:] and all(int(a) + int(b) == int(r) for a, b, r in steps), doc
+        guess = int(re.search(r"is (\d)\. Wait", doc).group(1))
+        final = int(re.findall(r"\d", doc)[-1])
+        assert final == sum(terms) % 10, doc
+        wrong_guesses += guess != final
+    assert 0.8 < wrong_guesses / 300 < 0.97  # the quick answer is a guess, the check corrects it
+
+
+def test_a_corrected_exercise_fixes_the_wrong_step_and_keeps_the_right_answer():
     import random
 
     rng = random.Random(0)
@@ -90,6 +119,10 @@ def test_a_corrected_document_fixes_the_wrong_step_and_keeps_the_right_answer():
         wrong = [s for s in steps if int(s[3]) != (int(s[0]) + int(s[2]) if s[1] == "+" else int(s[0]) * int(s[2]))]
         assert len(wrong) == 1, doc  # one wrong step, then its correction
         assert re.search(r"(Wait|mistake)", doc)
+        terms = [int(t) for t in re.findall(r"\d", re.search(SUM, doc).group())]
+        assert int(re.findall(r"\d", doc)[-1]) == sum(terms) % 10, doc
+    with pytest.raises(ValueError, match="unknown document kind 'noted'; kinds: worked, checked"):
+        corpus.document("noted", rng)
 
 
 def test_pretraining_lowers_the_loss_and_is_recorded_in_the_build(tmp_path):
