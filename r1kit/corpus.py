@@ -11,9 +11,11 @@ arithmetic:
   digit of ((3 + 4) + 8) + 9 is 4."); some by an answer key (``<answer> 4 </answer>``); a few by
   a writer who answers at once, then stops to check by working the sum out, and gives the answer
   the working finds ("The last digit of ((3 + 4) + 8) + 9 is 7. Wait, let me check ((3 + 4) + 8)
-  + 9 : 3+4=7 , 7+8=15 , 5+9=14 . The last digit is 4."). The quick answer is a guess (right one
-  time in ten), as a sum of four terms is at once for this model. Some are set as two people's
-  lines ("Ann: … Bob: …").
+  + 9 : 3+4=7 , 7+8=15 , 5+9=14 . The last digit is 4."). The quick answer is a random digit
+  (right one time in ten): a sum of four terms said at once is a guess for this model. The check
+  restates the sum right after the quick answer did, as a model this small copies numbers by
+  their distance, and that distance is short. Some are set as two people's lines ("Ann: … Bob:
+  …").
 
 The shares are in `MIX`. A model pretrained on it can work a sum out, and asked a question it
 answers at once nearly always: it works the sum out only to check a quick answer, and rarely.
