@@ -80,6 +80,8 @@ def document(kind: str, rng: random.Random) -> str:
     if kind not in MIX:
         raise ValueError(f"unknown document kind {kind!r}; kinds: {', '.join(MIX)}")
     expr, steps, value = _puzzle(rng)
+    # Drawn for every kind, used by exercises and checks only: drawing it only where it is used
+    # would change every seed's corpus, and with it the base models the docs measure.
     conclusion = _pick(rng, _CONCLUDE, v=value)
     if kind in EXERCISES:
         return f"{rng.choice(_EXERCISE).format(e=expr)} {_working(kind, rng, steps)} {conclusion}"
