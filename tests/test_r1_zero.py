@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import random
 import re
 from pathlib import Path
 
@@ -90,8 +91,6 @@ def test_the_corpus_mixes_documents_as_documented_and_reflection_only_where_it_b
 
 
 def test_a_rechecked_answer_restates_the_sum_works_it_out_and_ends_on_the_right_answer():
-    import random
-
     rng = random.Random(0)
     wrong_guesses = 0
     for _ in range(300):
@@ -110,8 +109,6 @@ def test_a_rechecked_answer_restates_the_sum_works_it_out_and_ends_on_the_right_
 
 
 def test_a_corrected_exercise_fixes_the_wrong_step_and_keeps_the_right_answer():
-    import random
-
     rng = random.Random(0)
     for _ in range(200):
         doc = corpus.document("corrected", rng)
