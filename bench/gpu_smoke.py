@@ -159,7 +159,7 @@ def main() -> int:
 
     from r1kit import pipeline, stage_process
     from r1kit.recipe import load_recipe
-    from r1kit.tiny import build_tiny_model, build_tiny_reward_model
+    from r1kit.offline.tiny import build_tiny_model, build_tiny_reward_model
 
     gpu = torch.cuda.is_available() and not args.cpu
     if not gpu and not args.cpu:

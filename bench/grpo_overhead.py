@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from r1kit.precision import describe_cpu
+from r1kit.hardware.precision import describe_cpu
 
 TRAINER = {
     "per_device_train_batch_size": 16,
@@ -48,7 +48,7 @@ def bare(model: str, out: str, steps: int) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from r1kit.tasks import addition
+    from r1kit.offline.tasks import addition
     from r1kit.rewards.math import math_accuracy
 
     def accuracy(prompts, completions, answer, **kwargs):
@@ -111,7 +111,7 @@ def main() -> None:
     if args.bare:
         return bare(args.bare[0], args.bare[1], args.steps)
 
-    from r1kit.tiny import build_tiny_model
+    from r1kit.offline.tiny import build_tiny_model
 
     work = Path(tempfile.mkdtemp(prefix="grpo_overhead_"))
     model = str(build_tiny_model(work / "model", seed=0))

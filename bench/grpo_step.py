@@ -7,7 +7,7 @@
     python bench/grpo_step.py --model FOLDER --bare-trainer '{"beta": 0.001}'   # bare TRL with r1kit's KL term too
     python bench/grpo_step.py --model FOLDER --r1kit-only --steps 300 --max-tokens 24 --r1kit-trainer '{"beta": 0}'
 
-Both sides train the same model on the same prompts (two-digit additions, r1kit.tasks, in
+Both sides train the same model on the same prompts (two-digit additions, r1kit.offline.tasks, in
 SmolLM2's chat format) with the same batch, generations, completion length, temperature,
 learning rate and reward (``math_accuracy`` with the last-number fallback), for --steps optimizer
 steps each:
@@ -16,9 +16,9 @@ steps each:
   CPU, bfloat16 autocast around each forward pass, generation included), gradient checkpointing,
   no reference model, the DAPO token-level loss;
 - **r1kit**: a one-stage recipe run by r1kit's pipeline, with its CPU and paper defaults
-  (bfloat16 autocast where r1kit.precision picks it, rollouts from r1kit's decoding loop inside
-  one autocast region, its linear layers packed by r1kit.cpu, else float32; TRL's
-  log-probabilities through r1kit.cpu's whole-vocabulary products; short attention in SDPA's math
+  (bfloat16 autocast where r1kit.hardware.precision picks it, rollouts from r1kit's decoding loop inside
+  one autocast region, its linear layers packed by r1kit.hardware.cpu, else float32; TRL's
+  log-probabilities through r1kit.hardware.cpu's whole-vocabulary products; short attention in SDPA's math
   kernel; the allocator keeping freed memory; no gradient checkpointing; ``beta: 0.001`` with a
   reference model; the sequence-level GRPO loss; at ``beta: 0``, no forward or backward pass for
   zero-advantage completions), plus --r1kit-trainer fields.
@@ -35,7 +35,7 @@ and forward/backward (``training_step`` without generation and scoring); "other"
 step and the trainer's bookkeeping. The first step (warm-up) is left out of the means. Prints a
 line per side, with the share of groups whose rewards were all equal (TRL's
 ``frac_reward_zero_std``) and of completions r1kit left out of the forward and backward pass
-(r1kit.zero_advantage, at ``beta: 0``), and the ratio of their mean step times. The two sides
+(r1kit.trainers.zero_advantage, at ``beta: 0``), and the ratio of their mean step times. The two sides
 draw their own completions, so their shares differ, and with two groups a step they move the
 forward/backward time from step to step.
 
@@ -59,7 +59,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from r1kit.precision import describe_cpu
+from r1kit.hardware.precision import describe_cpu
 
 PROMPT = "<|im_start|>user\n{prompt} Answer with the number only.<|im_end|>\n<|im_start|>assistant\n"
 PHASES = ("generation", "rewards", "scoring", "forward_backward", "other")
@@ -225,12 +225,12 @@ def main() -> None:
     os.environ["R1KIT_STAGE_PROCESS"] = "0"  # r1kit's stage in this process, where the clocks are
 
     from r1kit import templates
-    from r1kit.tasks import addition
+    from r1kit.offline.tasks import addition
 
     work = Path(tempfile.mkdtemp(prefix="r1kit-grpo-step-"))
     model = args.model
     if model is None:
-        from r1kit.tiny import build_tiny_model
+        from r1kit.offline.tiny import build_tiny_model
 
         model = str(build_tiny_model(work / "tiny"))
     from datasets import Dataset

@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from r1kit.precision import describe_cpu
+from r1kit.hardware.precision import describe_cpu
 
 TRAINER = {
     "per_device_train_batch_size": 8,
@@ -85,7 +85,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="lora_memory_"))
     # Converted in a child too: Linux carries a process's peak RSS across exec, so a child forked
     # from a parent that had loaded the model would report at least the parent's peak.
-    convert = f"from r1kit.gguf import convert_gguf; from r1kit.training import package_file; convert_gguf(str(package_file({MODEL!r})), {str(work / 'model')!r})"
+    convert = f"from r1kit.models import convert_gguf; from r1kit.trainers.training import package_file; convert_gguf(str(package_file({MODEL!r})), {str(work / 'model')!r})"
     subprocess.run([sys.executable, "-c", convert], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     sides = {"full": None, "lora": {"r": 16, "lora_alpha": 32}}
     figures = {}

@@ -35,7 +35,7 @@ import time
 from collections import Counter
 from fractions import Fraction
 
-from r1kit.precision import describe_cpu
+from r1kit.hardware.precision import describe_cpu
 
 
 def reference_and_forms(rng: random.Random) -> tuple[str, list[str], list[str]]:

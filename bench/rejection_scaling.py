@@ -32,7 +32,7 @@ from pathlib import Path
 
 import yaml
 
-from r1kit.precision import describe_cpu
+from r1kit.hardware.precision import describe_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_DDP = ROOT / "recipes" / "accelerate" / "cpu_ddp.yaml"
@@ -77,7 +77,7 @@ def main() -> None:
     p.add_argument("--memory-max-tokens", type=int, default=8)
     args = p.parse_args()
     print(describe_cpu(), flush=True)  # the figures below hold for this CPU
-    from r1kit.tiny import build_tiny_model
+    from r1kit.offline.tiny import build_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

@@ -25,14 +25,14 @@ from pathlib import Path
 
 import yaml
 
-from r1kit.precision import describe_cpu
+from r1kit.hardware.precision import describe_cpu
 
 STAGE_FIELDS = {"dynamic_sampling", "dynamic_sampling_max_rounds"}
 
 
 def dev_sets(folder: Path, demo: dict) -> list[str]:
     """Write the dev problems of both tasks (see the module docstring); the file paths."""
-    from r1kit import tasks
+    from r1kit.offline import tasks
 
     evaluation = next(s for s in demo["stages"] if s["kind"] == "eval")["task"]
     files = []

@@ -10,7 +10,7 @@ machine's arithmetic limit measured in the same run.
     python bench/sampling.py --model M --unpacked         # also r1kit's loop with torch's own linear products
     python bench/sampling.py --model M --model-forward    # also r1kit's loop with the model's forward pass at each step
 
-Prompts are addition questions (r1kit.tasks) in the r1_zero template, sampled at the evaluation
+Prompts are addition questions (r1kit.offline.tasks) in the r1_zero template, sampled at the evaluation
 protocol's temperature 0.6 and top-p 0.95. Each backend is loaded, warmed up on one prompt, then
 timed on the whole batch (best of --repeats); tokens are what the backends report per completion.
 The limit: the machine's matmul throughput on 2048 x 2048 matrices in each precision, all cores
@@ -24,11 +24,11 @@ Without vllm installed, only transformers runs. With --warpers, the transformers
 runs with transformers' own sampling step in place of r1kit's `Nucleus` (its temperature and
 top-p warpers, which sort the whole vocabulary, then a draw over all of it), for the ratio; with
 --generate, with ``model.generate`` in place of r1kit's decoding loop (r1kit.sampling.decode);
-with --unpacked, with the loop's linear layers left to torch (no r1kit.cpu.packed_linears); with
+with --unpacked, with the loop's linear layers left to torch (no r1kit.hardware.cpu.packed_linears); with
 --model-forward, with the model's own forward pass at each decoding step in place of the
 written-out step of Llama-family models (r1kit.sampling.llama_step; the same logits).
 
-On a CPU every backend runs with r1kit's allocator setting (`r1kit.cpu.keep_freed_memory`, as
+On a CPU every backend runs with r1kit's allocator setting (`r1kit.hardware.cpu.keep_freed_memory`, as
 `r1kit run` and `r1kit eval` set it), which --system-allocator leaves out.
 
 Not measured: start-up cost beyond the printed load time, GPU throughput, memory.
@@ -42,15 +42,17 @@ import tempfile
 import time
 from unittest import mock
 
-from r1kit import cpu, templates
-from r1kit.precision import describe_cpu
+from r1kit import templates
+
+from r1kit.hardware import cpu
+from r1kit.hardware.precision import describe_cpu
 from r1kit.sampling import SamplingParams, hf_backend, llama_step, load_sampler, vllm_available
-from r1kit.tasks import addition
+from r1kit.offline.tasks import addition
 
 
 def matmul_gflops(dtype: str, size: int = 2048, seconds: float = 1.0, repeats: int = 3) -> float:
     """The machine's matmul throughput in `dtype`, in GFLOP/s: the faster of torch.matmul and
-    oneDNN's pre-packed product (r1kit.cpu.packed_linears; in float32 torch.matmul goes through
+    oneDNN's pre-packed product (r1kit.hardware.cpu.packed_linears; in float32 torch.matmul goes through
     MKL, which on AMD CPUs runs at well under half of oneDNN's rate) on two size x size matrices,
     products back to back for `seconds`, the best of `repeats` such runs."""
     import torch
@@ -171,7 +173,7 @@ def main() -> None:
 
     model = args.model
     if model is None:
-        from r1kit.tiny import build_tiny_model
+        from r1kit.offline.tiny import build_tiny_model
 
         model = str(build_tiny_model(tempfile.mkdtemp(prefix="r1kit-tiny-") + "/model"))
     prompts = [templates.render("r1_zero", row["prompt"]) for row in addition(n=args.prompts, split="test")]

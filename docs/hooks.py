@@ -15,10 +15,10 @@ declarations, so a new reward, benchmark, stage kind or recipe key appears in th
   behind the command line's help);
 - ``stage-kinds``: the stage registry (r1kit.stages) and each kind's trainer defaults;
 - ``rewards``: the reward registry (r1kit.reward_registry), as ``r1kit rewards list`` reads it;
-- ``benchmarks``: every table of built-in benchmarks in r1kit.benchmarks (a module-level name
-  ending in ``BENCHMARKS``), and the offline tasks of r1kit.tasks;
-- ``tools``: the tool registry and the bounds of a tool (r1kit.tools);
-- ``cpu-defaults``: the trainer fields r1kit sets on a machine without a GPU (r1kit.training).
+- ``benchmarks``: every table of built-in benchmarks in r1kit.evaluation.benchmarks (a module-level name
+  ending in ``BENCHMARKS``), and the offline tasks of r1kit.offline.tasks;
+- ``tools``: the tool registry and the bounds of a tool (r1kit.execution.tools);
+- ``cpu-defaults``: the trainer fields r1kit sets on a machine without a GPU (r1kit.trainers.training).
 
 tests/test_docs.py builds the site with ``--strict`` and checks that each section lists
 everything the code declares. Not here: any hand-written text (docs/*.md).
@@ -334,8 +334,8 @@ DOMAINS = {"": "Math", "CODE": "Code", "CHOICE": "Multiple choice"}
 
 
 def benchmark_tables() -> dict[str, dict | tuple]:
-    """r1kit.benchmarks' tables of built-in benchmarks: module-level names ending in BENCHMARKS."""
-    from r1kit import benchmarks
+    """r1kit.evaluation.benchmarks' tables of built-in benchmarks: module-level names ending in BENCHMARKS."""
+    from r1kit.evaluation import benchmarks
 
     return {
         name: value
@@ -345,8 +345,8 @@ def benchmark_tables() -> dict[str, dict | tuple]:
 
 
 def benchmarks() -> str:
-    from r1kit import benchmarks as module
-    from r1kit import tasks
+    from r1kit.evaluation import benchmarks as module
+    from r1kit.offline import tasks
 
     docs, dated = attribute_docs(module), set(getattr(module, "DATED", ()))
     out = []
@@ -380,7 +380,7 @@ def benchmarks() -> str:
 
 
 def tools() -> str:
-    from r1kit import tools as module
+    from r1kit.execution import tools as module
 
     rows = [[f"`{ep.name}`", f"`{ep.value}`", text(first_line(ep.load().__doc__))] for ep in sorted(entry_points(group=module.ENTRY_POINT_GROUP), key=lambda e: e.name)]
     out = ["Registered tools:\n", table(["name", "function", "what it does"], rows)]
@@ -390,7 +390,7 @@ def tools() -> str:
 
 
 def cpu_defaults() -> str:
-    from r1kit.training import CPU_DEFAULTS
+    from r1kit.trainers.training import CPU_DEFAULTS
 
     return table(["trainer field", "value on a machine without a GPU"], [[f"`{k}`", code(v)] for k, v in CPU_DEFAULTS.items()])
 

@@ -5,8 +5,8 @@
     r1kit tiny-model OUTDIR                                   build the offline tiny model
     r1kit rewards list                                        registered rewards and parameters
     r1kit rewards score NAME [--input F] [--output F] [--param K=V ...]
-    r1kit eval --model M --benchmark B --output DIR [...]   evaluate with the R1 protocol (r1kit.evaluate)
-    r1kit eval --suite r1 --model M --output DIR [...]      a suite of benchmarks, one table (r1kit.suite)
+    r1kit eval --model M --benchmark B --output DIR [...]   evaluate with the R1 protocol (r1kit.evaluation.evaluate)
+    r1kit eval --suite r1 --model M --output DIR [...]      a suite of benchmarks, one table (r1kit.evaluation.suite)
     r1kit eval compare DIR [DIR ...]                         evaluations side by side
 
 Bad input (recipe, override, data, parameters) prints one line ``r1kit: error: ...`` and exits 2.
@@ -113,8 +113,8 @@ def _add_eval(sub) -> None:
     """``r1kit eval`` (flags generated from the protocol's declarations) and ``r1kit eval compare``."""
     import dataclasses
 
-    from r1kit.benchmarks import BENCHMARKS, CHOICE_BENCHMARKS, CODE_BENCHMARKS, BenchmarkFields
-    from r1kit.evaluate import Settings
+    from r1kit.evaluation.benchmarks import BENCHMARKS, CHOICE_BENCHMARKS, CODE_BENCHMARKS, BenchmarkFields
+    from r1kit.evaluation.evaluate import Settings
     from r1kit.sampling.base import EngineConfig
 
     ev = sub.add_parser(
@@ -123,13 +123,13 @@ def _add_eval(sub) -> None:
         "       r1kit eval --suite SUITE --model M --output DIR [--data NAME=FILE ...] [options]\n"
         "       r1kit eval compare DIR [DIR ...]",
         help="evaluate a model on a benchmark (DeepSeek-R1 protocol); eval compare: tables side by side",
-        description="Sample k completions per problem and report pass@1, cons@k and pass@k (see r1kit.evaluate). "
+        description="Sample k completions per problem and report pass@1, cons@k and pass@k (see r1kit.evaluation.evaluate). "
         "Defaults are the DeepSeek-R1 protocol's.",
         formatter_class=_Defaults,
         allow_abbrev=False,  # a suite takes the protocol flags given on the command line: spelled out
     )
     ev.add_argument("--benchmark", help=f"{', '.join([*BENCHMARKS, *CODE_BENCHMARKS, *CHOICE_BENCHMARKS])}, task:NAME, or a .jsonl/.json/.parquet file")
-    ev.add_argument("--suite", help="a built-in suite (r1: the DeepSeek-R1 paper's table) or a suite .yaml file (r1kit.suite); instead of --benchmark")
+    ev.add_argument("--suite", help="a built-in suite (r1: the DeepSeek-R1 paper's table) or a suite .yaml file (r1kit.evaluation.suite); instead of --benchmark")
     ev.add_argument("--data", action="append", default=[], metavar="NAME=FILE", help="with --suite: read benchmark NAME from a local copy in its hub schema (repeatable)")
     ev.add_argument("--output", metavar="DIR", help="folder for settings.json, samples.jsonl and summary.json")
     ev.add_argument("--model", help="model folder or hub id to sample")
@@ -150,9 +150,9 @@ def _add_eval(sub) -> None:
 def _cmd_eval(args) -> None:
     import dataclasses
 
-    from r1kit.benchmarks import load_benchmark
+    from r1kit.evaluation.benchmarks import load_benchmark
     from r1kit.config import parse_override
-    from r1kit.evaluate import Settings, check_settings, evaluate, limits, score_completions, table
+    from r1kit.evaluation.evaluate import Settings, check_settings, evaluate, limits, score_completions, table
 
     if args.suite:
         return _cmd_suite(args)
@@ -173,7 +173,7 @@ def _cmd_eval(args) -> None:
         check_settings(settings)
         summary = score_completions(bench, args.completions, args.output, args.answer_fallback, limits(settings), settings.think_prefill)
     else:
-        from r1kit import cpu
+        from r1kit.hardware import cpu
 
         cpu.keep_freed_memory()
         summary = evaluate(bench, args.output, settings, model=args.model, backend=args.backend)
@@ -184,9 +184,9 @@ def _cmd_eval(args) -> None:
 def _cmd_suite(args) -> None:
     import dataclasses
 
-    from r1kit import cpu
-    from r1kit.evaluate import Settings
-    from r1kit.suite import load_suite, run_suite
+    from r1kit.hardware import cpu
+    from r1kit.evaluation.evaluate import Settings
+    from r1kit.evaluation.suite import load_suite, run_suite
 
     if args.benchmark or args.completions or not args.model or not args.output:
         raise EvalError("eval --suite needs --model and --output, and takes no --benchmark or --completions")
@@ -213,7 +213,7 @@ def _cmd_suite(args) -> None:
 def _cmd_compare(args) -> None:
     from pathlib import Path
 
-    from r1kit.evaluate import table
+    from r1kit.evaluation.evaluate import table
 
     summaries, labels = [], []
     for d in map(Path, args.dirs):
@@ -290,7 +290,7 @@ def _cmd_validate(args) -> None:
 
 
 def _cmd_tiny(args) -> None:
-    from r1kit.tiny import build_tiny_model
+    from r1kit.offline.tiny import build_tiny_model
 
     print(build_tiny_model(args.out_dir, seed=args.seed))
 

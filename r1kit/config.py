@@ -102,7 +102,7 @@ class DataConfig:
     """Where a stage's rows come from and which columns it reads."""
 
     source: str
-    """Hub dataset id, local .jsonl/.json/.parquet file, `task:NAME` (r1kit.tasks), or an earlier stage's name."""
+    """Hub dataset id, local .jsonl/.json/.parquet file, `task:NAME` (r1kit.offline.tasks), or an earlier stage's name."""
     split: str = "train"
     """Split to load from a hub dataset (local files have one split)."""
     subset: str | None = None
@@ -116,7 +116,7 @@ class DataConfig:
     messages: str = "messages"
     """Column holding whole conversations (SFT on chat rows)."""
     task: dict[str, Any] = field(default_factory=dict)
-    """Arguments of a synthetic task (`source: task:NAME`, see r1kit.tasks)."""
+    """Arguments of a synthetic task (`source: task:NAME`, see r1kit.offline.tasks)."""
     columns: dict[str, str] = field(default_factory=dict)
     """Columns to rename for the stage and its rewards, new name: column in the data
     (``{test_cases: official_tests}``)."""
@@ -179,7 +179,7 @@ class Recipe:
     seed: int = 42
     """Seed for every stage (trainer seeds, sampling, data shuffles)."""
     tiny_model: dict[str, Any] = field(default_factory=dict)
-    """Arguments of r1kit.tiny.build_tiny_model when `model: tiny`."""
+    """Arguments of r1kit.offline.tiny.build_tiny_model when `model: tiny`."""
     tiny_models: dict[str, dict[str, Any]] = field(default_factory=dict)
     """More tiny models, by name, for stages that start from (or are taught by) `tiny:NAME`: a
     distillation student narrower than its teacher. Same tokenizer as `tiny`."""

@@ -124,7 +124,7 @@ def _source_rows(data: DataConfig, ctx):
     assigned and limited as its section says."""
 
     if data.source.startswith("task:"):
-        from r1kit.tasks import generate
+        from r1kit.offline.tasks import generate
 
         ds = _table(generate(data.source[5:], data.split, {"seed": ctx.recipe.seed, **data.task}), data.source)
     else:

@@ -13,7 +13,7 @@ verified samples of one prompt and says which filter dropped each, in this order
   are in ``language``'s script (the script heuristic of ``r1kit.text``; a chain of thought
   of math alone has no words and passes);
 - ``code_in_cot``: a fenced code block (three backticks or tildes) inside the chain of thought
-  (blocks a tool ran, with their output, do not count: r1kit.tools);
+  (blocks a tool ran, with their output, do not count: r1kit.execution.tools);
 - ``repetition``: more than ``max_repetition`` of the word ``repetition_ngram``-grams of the
   completion repeat an earlier one (a sample stuck in a loop);
 - ``exact_duplicate``: the same text as a sample kept before it, once case is folded and

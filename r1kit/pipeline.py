@@ -40,12 +40,14 @@ from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from r1kit import precision, stage_process
+from r1kit import stage_process
+
+from r1kit.hardware import precision
 from r1kit import stages as stage_registry
 from r1kit.config import Recipe, to_dict
 from r1kit.errors import RecipeError
 from r1kit.files import write_atomic
-from r1kit.training import PACKAGE, package_file
+from r1kit.trainers.training import PACKAGE, package_file
 
 log = logging.getLogger("r1kit")
 
@@ -143,14 +145,14 @@ def machine_problems(recipe: Recipe) -> list[str]:
     """What this machine lacks to run `recipe`, one line each (``FILE: key.path: what to change``):
     a ``package:`` model's package or file, vLLM for ``backend: vllm``, a CUDA GPU (and vLLM)
     for a GRPO stage's ``use_vllm``, a CUDA GPU (and bitsandbytes) for ``quantization:``, and a
-    GPU or a CPU that computes bfloat16 for a bfloat16 the recipe asks for (r1kit.precision).
+    GPU or a CPU that computes bfloat16 for a bfloat16 the recipe asks for (r1kit.hardware.precision).
     `r1kit validate` prints these as notes (a recipe may be written for another machine;
     ``--here`` refuses them), `run` refuses them before the first stage. Everything about the
     recipe itself is checked when it is read (r1kit.recipe)."""
     import importlib.util
 
     from r1kit.sampling import VLLM_MISSING, vllm_available
-    from r1kit.training import has_gpu
+    from r1kit.trainers.training import has_gpu
 
     problems = []
     models = [("model", recipe.model), *((f"{s.name}.model", s.model) for s in recipe.stages if s.model)]
@@ -194,8 +196,8 @@ def preflight(recipe: Recipe) -> None:
 
 def run(recipe: Recipe, restart_from: str | None = None) -> dict[str, dict]:
     """Run the recipe's unfinished stages; returns every stage's marker record by name."""
-    from r1kit import cpu
-    from r1kit.training import resolve_model
+    from r1kit.hardware import cpu
+    from r1kit.trainers.training import resolve_model
 
     preflight(recipe)
     cpu.keep_freed_memory()

@@ -114,7 +114,7 @@ def context_length(source: str, recipe: Recipe) -> tuple[int, str] | None:
     if source == "tiny":
         import inspect
 
-        from r1kit.tiny import build_tiny_model
+        from r1kit.offline.tiny import build_tiny_model
 
         default = inspect.signature(build_tiny_model).parameters["max_position_embeddings"].default
         return int(recipe.tiny_model.get("max_position_embeddings", default)), "the tiny model's max_position_embeddings"
@@ -183,10 +183,10 @@ def _check_lengths(recipe: Recipe) -> None:
 
 
 def _check_tiny(recipe: Recipe) -> None:
-    """tiny_model and every tiny_models entry take only r1kit.tiny.build_tiny_model's arguments."""
+    """tiny_model and every tiny_models entry take only r1kit.offline.tiny.build_tiny_model's arguments."""
     import inspect
 
-    from r1kit.tiny import build_tiny_model
+    from r1kit.offline.tiny import build_tiny_model
 
     allowed = [p for p in inspect.signature(build_tiny_model).parameters if p not in ("out_dir", "seed")]
     for where, args in [("tiny_model", recipe.tiny_model), *((f"tiny_models.{n}", a) for n, a in recipe.tiny_models.items())]:
@@ -201,7 +201,7 @@ def _check_sources(recipe: Recipe, names: set[str]) -> None:
     """What a recipe names that can be checked without loading anything: local files and model
     folders exist, tasks and their arguments fit their generators, and a near miss of a stage's
     name is not taken for a hub id."""
-    from r1kit import tasks
+    from r1kit.offline import tasks
     from r1kit.data import is_local
     from r1kit.errors import DataError
     from r1kit.sampling import looks_local
@@ -271,7 +271,7 @@ def check_trainer_config(spec, stage: StageConfig, recipe: Recipe) -> None:
     import contextlib
 
     from r1kit import stage_process
-    from r1kit.training import trainer_fields
+    from r1kit.trainers.training import trainer_fields
 
     fields, _ = trainer_fields(stage, recipe, spec.trainer_defaults(stage))
     try:

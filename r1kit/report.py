@@ -15,7 +15,7 @@
 and prints the accuracy table; it reads only what the stages left in the run folder (markers,
 metrics.jsonl), so it can be re-made at any time.
 
-Not here: the figures themselves (stages compute them; r1kit.evaluate defines pass@1 and cons@k).
+Not here: the figures themselves (stages compute them; r1kit.evaluation.evaluate defines pass@1 and cons@k).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from r1kit.files import write_atomic
-from r1kit.training import read_metrics
+from r1kit.trainers.training import read_metrics
 
 
 def _source_stage(model: str, records: dict[str, dict]) -> str:

@@ -54,7 +54,7 @@ def enabled() -> bool:
         return value == "1"
     if value:
         raise RecipeError(f"{ENV}={value!r}: set 1 (each stage in its own process) or 0 (all in this one)")
-    from r1kit.training import has_gpu
+    from r1kit.trainers.training import has_gpu
 
     return has_gpu()
 
@@ -64,7 +64,7 @@ def call(kind_name: str, ctx: StageContext) -> StageResult:
     (the device's free memory as the stage starts, whoever holds the rest) and ``gpu_peak_mib``
     (the most this process's tensors held at once)."""
     from r1kit import stages
-    from r1kit.training import has_gpu
+    from r1kit.trainers.training import has_gpu
 
     if not has_gpu():
         return stages.get(kind_name).run(ctx)

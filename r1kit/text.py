@@ -137,7 +137,7 @@ def _sole_formula(content: str) -> str:
 
 
 OUTPUT_FENCE = "```output\n"
-"""Opens the block in which a tool's output follows a rollout's code (r1kit.tools)."""
+"""Opens the block in which a tool's output follows a rollout's code (r1kit.execution.tools)."""
 _OUTPUT_BLOCK = re.compile(r"```output\n.*?(?:\n```|$)", re.DOTALL)
 
 
@@ -151,7 +151,7 @@ _TOOL_CALL = re.compile(r"```[\w+-]+[ \t]*\n.*?```[ \t]*\n```output\n.*?(?:\n```
 
 
 def tool_output_spans(text: str) -> list[tuple[int, int]]:
-    """Where in `text` a tool wrote (r1kit.tools): each ``output`` block that follows a fenced code
+    """Where in `text` a tool wrote (r1kit.execution.tools): each ``output`` block that follows a fenced code
     block, fences and closing newline included, as (start, end) character offsets."""
     if OUTPUT_FENCE not in text:
         return []
@@ -161,7 +161,7 @@ def tool_output_spans(text: str) -> list[tuple[int, int]]:
 
 def without_tool_calls(text: str) -> str:
     """`text` without its tool calls: each fenced block followed by the ``output`` block a tool
-    appended (r1kit.tools), both removed. Other fenced code stays."""
+    appended (r1kit.execution.tools), both removed. Other fenced code stays."""
     return _TOOL_CALL.sub("", text) if OUTPUT_FENCE in text else text
 
 

@@ -7,7 +7,7 @@
 
 The dataset gives each row its ``choices`` (a list of texts, in the order the prompt letters them)
 and its ``answer``: the correct choice's letter (or its text). The completion's letter is read by
-``r1kit.choices.answer_letter``, the reader of the evaluator's multiple-choice benchmarks (the
+``r1kit.evaluation.choices.answer_letter``, the reader of the evaluator's multiple-choice benchmarks (the
 final answer span; a boxed letter, ``Answer: C``, ``(C)`` or a choice's own text; a hedge such as
 ``A or B`` scores 0). 1.0 when the letters match, else 0.0; None for a row whose answer names no
 choice (logged once), so a trainer skips it rather than teach it as wrong; a ``choices`` column
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 
-from r1kit.choices import LETTERS, answer_letter, gold_index
+from r1kit.evaluation.choices import LETTERS, answer_letter, gold_index
 from r1kit.errors import RewardError
 from r1kit.text import opens_think
 

@@ -3,7 +3,7 @@
     code_tests(completions, tests=[...], entry_point=[...])        # HumanEval / MBPP style
     code_tests(completions, test_cases=[[{"input": "1 2\\n", "output": "3\\n"}], ...])
 
-The judging is r1kit.judge's (the evaluator uses the same): which part of a completion is the
+The judging is r1kit.execution.judge's (the evaluator uses the same): which part of a completion is the
 program (``extract``: ``last_block``, the default, drops the reasoning and reads the answer block
 or the last fenced block; ``whole`` runs the text as it is), and how the dataset columns
 ``tests`` (+ ``entry_point``, ``prefix``) and ``test_cases`` are run. When the batch carries the
@@ -12,7 +12,7 @@ with ``<think>`` means the completion starts inside the reasoning. The reward is
 for ``tests``; for ``test_cases`` the fraction of cases passed (``mode="fraction"``) or
 all-or-nothing (``"all"``). A sample with neither column (or an empty one) scores None.
 
-Not here: the sandbox (r1kit.sandbox) and the judging rules (r1kit.judge).
+Not here: the sandbox (r1kit.execution.sandbox) and the judging rules (r1kit.execution.judge).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from r1kit.errors import RewardError
-from r1kit.judge import CODE_FIELDS, Tests, judge
+from r1kit.execution.judge import CODE_FIELDS, Tests, judge
 from r1kit.reward_registry import POSITIVE
-from r1kit.sandbox import Limits
+from r1kit.execution.sandbox import Limits
 from r1kit.text import opens_think
 
 MODES = ("fraction", "all")

@@ -35,7 +35,7 @@ from __future__ import annotations
 from typing import Literal
 
 from r1kit.errors import RewardError
-from r1kit.judge import FENCE
+from r1kit.execution.judge import FENCE
 from r1kit.text import last_boxed, opens_think
 
 

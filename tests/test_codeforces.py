@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from r1kit import codeforces
-from r1kit.benchmarks import load_benchmark
+from r1kit.evaluation import codeforces
+from r1kit.evaluation.benchmarks import load_benchmark
 from r1kit.errors import EvalError
-from r1kit.evaluate import score_completions
-from r1kit.judge import Tests as UnitTests, judge
-from r1kit.sandbox import Limits
+from r1kit.evaluation.evaluate import score_completions
+from r1kit.execution.judge import Tests as UnitTests, judge
+from r1kit.execution.sandbox import Limits
 
 DATA = Path(__file__).parent / "data"
 CF = str(DATA / "codeforces.jsonl")

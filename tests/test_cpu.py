@@ -1,4 +1,4 @@
-"""r1kit.cpu: the allocator setting, TRL's fused LM head through whole-vocabulary products,
+"""r1kit.hardware.cpu: the allocator setting, TRL's fused LM head through whole-vocabulary products,
 packed linear layers for decoding, and short attention in SDPA's math kernel."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from unittest import mock
 import pytest
 import torch
 
-from r1kit import cpu
+from r1kit.hardware import cpu
 
 MALLINFO = """
 import ctypes, torch
-from r1kit import cpu
+from r1kit.hardware import cpu
 
 class Info(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
@@ -196,7 +196,7 @@ def test_packing_probe_asks_onednn_once_and_says_why_it_cannot(monkeypatch, capl
         raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq")
 
     probe = cpu._packs.__wrapped__  # uncached: the process's own answer stays as it is
-    with caplog.at_level(logging.INFO, logger="r1kit.cpu"):
+    with caplog.at_level(logging.INFO, logger="r1kit.hardware.cpu"):
         monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse)
         assert probe(torch.bfloat16) is False
         assert "oneDNN cannot pack bfloat16 weights on this CPU (mkldnn_reorder_linear_weight: bf16 path needs" in caplog.text

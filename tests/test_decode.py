@@ -123,12 +123,12 @@ def test_written_out_step_gives_the_model_forward_logits(model_and_tokenizer, mo
     """Every decoding step's logits, through rows leaving the batch and buffers regrowing, are
     the ones the model's forward pass gives: the same products in the same precision (keys and
     values kept in the autocast dtype, as autocast casts them for each product). Bit for bit with
-    torch's own products; with oneDNN's packed ones (r1kit.cpu.packed_linears) the step joins the
+    torch's own products; with oneDNN's packed ones (r1kit.hardware.cpu.packed_linears) the step joins the
     q/k/v and gate/up products, which oneDNN does not promise to round as the separate ones, so
     there within rounding."""
     import copy
 
-    from r1kit import cpu
+    from r1kit.hardware import cpu
 
     if not packed:
         monkeypatch.setattr(cpu, "packing_available", lambda dtype=torch.float32: False)

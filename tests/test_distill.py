@@ -43,7 +43,7 @@ def recipe(write_recipe, *stages, **top) -> Path:
 def test_loss_is_the_reverse_kl_on_student_tokens_and_only_the_student_learns(write_recipe, tmp_path):
     rec = load_recipe(recipe(write_recipe, distill_stage()))
     stage = rec.stages[0]
-    from r1kit.training import resolve_model
+    from r1kit.trainers.training import resolve_model
 
     ctx = StageContext(recipe=rec, stage=stage, dir=tmp_path / "run" / "distill", model=resolve_model("tiny:student", rec), datasets={})
     ctx.dir.mkdir(parents=True)
@@ -89,7 +89,7 @@ def test_distill_stage_lowers_the_divergence_and_hands_on_the_student(write_reci
 def test_teacher_with_another_tokenizer_is_refused_before_any_model_loads(write_recipe, tmp_path, capsys, monkeypatch):
     from transformers import AutoTokenizer
 
-    from r1kit.tiny import build_tiny_model
+    from r1kit.offline.tiny import build_tiny_model
 
     other = build_tiny_model(tmp_path / "other")
     tokenizer = AutoTokenizer.from_pretrained(other)
@@ -162,7 +162,7 @@ def test_shipped_distillation_recipes_validate(capsys):
 
 
 def test_tiny_models_are_checked_and_rebuilt_when_changed(write_recipe, tmp_path, capsys):
-    from r1kit.training import resolve_model
+    from r1kit.trainers.training import resolve_model
 
     bad = write_recipe({"model": "tiny", "tiny_models": {"student": {"hiden_size": 64}}, "stages": [distill_stage()]})
     assert main(["validate", str(bad)]) == 2

@@ -147,7 +147,7 @@ class Page:
 
                 pipeline.plan(load_recipe(args.recipe, args.overrides), args.restart_from)
         elif command == "eval" and args.benchmark:
-            from r1kit.benchmarks import benchmark_name
+            from r1kit.evaluation.benchmarks import benchmark_name
 
             benchmark_name(args.benchmark)
         return 0, ""
@@ -468,9 +468,9 @@ def test_reference_lists_every_stage_kind():
 def test_reference_lists_every_benchmark_task_and_tool():
     from importlib.metadata import entry_points
 
-    from r1kit import tasks
+    from r1kit.offline import tasks
     from r1kit.cli import _parser
-    from r1kit.tools import ToolConfig
+    from r1kit.execution.tools import ToolConfig
 
     module = hooks()
     listed = re.findall(r"^\| `([^`]+)` \|", module.benchmarks(), re.M)

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from r1kit import benchmarks, metrics
-from r1kit import evaluate as ev
+from r1kit.evaluation import benchmarks
+
+from r1kit.evaluation import metrics
+from r1kit.evaluation import evaluate as ev
 from r1kit import pipeline
 from r1kit.cli import main
 from r1kit.errors import EvalError

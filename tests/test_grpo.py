@@ -164,7 +164,7 @@ def varies_for_odd_answers(completions, *, answer, **columns):
 def test_dynamic_sampling_keeps_zero_signal_groups_out_of_the_loss(write_recipe, cold_start, tmp_path, monkeypatch):
     from transformers import AutoTokenizer
 
-    from r1kit.dynamic_sampling import DynamicSamplingGRPOTrainer
+    from r1kit.trainers.dynamic_sampling import DynamicSamplingGRPOTrainer
 
     seen = []
     original = DynamicSamplingGRPOTrainer.compute_loss
@@ -231,7 +231,7 @@ def test_reward_seconds_are_logged_per_step_and_reported(write_recipe, tiny_mode
 def test_dynamic_sampling_reads_signal_from_this_process_rewards():
     from types import SimpleNamespace
 
-    from r1kit.dynamic_sampling import DynamicSamplingGRPOTrainer
+    from r1kit.trainers.dynamic_sampling import DynamicSamplingGRPOTrainer
 
     nan = float("nan")
     mine = torch.tensor([  # process 1's 5 groups of 2, two reward functions
@@ -255,7 +255,7 @@ def test_dynamic_sampling_reads_signal_from_this_process_rewards():
 
 
 def test_merge_rows_repads_each_side():
-    from r1kit.dynamic_sampling import merge_rows
+    from r1kit.trainers.dynamic_sampling import merge_rows
 
     a = {"prompt_ids": torch.tensor([[0, 5], [6, 7]]), "completion_ids": torch.tensor([[1], [2]]), "advantages": torch.tensor([1.0, -1.0]), "num_items_in_batch": torch.tensor(2)}
     b = {"prompt_ids": torch.tensor([[8, 9, 10]]), "completion_ids": torch.tensor([[3, 4, 0]]), "advantages": torch.tensor([0.5]), "num_items_in_batch": torch.tensor(3)}

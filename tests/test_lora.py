@@ -15,8 +15,8 @@ import sys
 import pytest
 import torch
 
-import r1kit.lora
-import r1kit.training
+import r1kit.trainers.lora
+import r1kit.trainers.training
 from r1kit import pipeline
 from r1kit.cli import main
 from r1kit.recipe import load_recipe
@@ -60,13 +60,13 @@ def load(folder):
 
 def test_a_lora_grpo_stage_raises_its_reward_and_trains_only_the_adapter(write_recipe, cold_start, tmp_path, monkeypatch):
     trained = {}
-    save = r1kit.lora.save_merged
+    save = r1kit.trainers.lora.save_merged
 
     def keep(trainer, ctx):  # what training left in the model, before anything is merged
         trained.update({k: v.detach().clone() for k, v in trainer.model.named_parameters()})
         return save(trainer, ctx)
 
-    monkeypatch.setattr(r1kit.lora, "save_merged", keep)
+    monkeypatch.setattr(r1kit.trainers.lora, "save_merged", keep)
     # As the full-weight test in test_grpo.py, at a LoRA learning rate (6x the full one): the rise
     # is about +0.11 here against step-to-step noise of about 0.02 on a 15-step mean.
     stage = grpo(
@@ -178,7 +178,7 @@ def test_bad_peft_and_quantization_blocks_are_refused(write_recipe, tmp_path, ca
 
 
 def test_qlora_is_refused_on_a_machine_without_cuda(write_recipe, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(r1kit.training, "has_gpu", lambda: False)
+    monkeypatch.setattr(r1kit.trainers.training, "has_gpu", lambda: False)
     path = write_recipe({"model": "tiny", "stages": [grpo(quantization={"load_in_4bit": True, "bnb_4bit_quant_type": "nf4"})]})
     assert main(["validate", str(path)]) == 0  # written for a GPU machine: validate notes it
     assert "note: not runnable on this machine" in capsys.readouterr().err

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from r1kit import choices, pipeline
-from r1kit.benchmarks import load_benchmark
+from r1kit import pipeline
+
+from r1kit.evaluation import choices
+from r1kit.evaluation.benchmarks import load_benchmark
 from r1kit.cli import main
 from r1kit.errors import EvalError, RewardError
-from r1kit.evaluate import score_completions
+from r1kit.evaluation.evaluate import score_completions
 from r1kit.recipe import load_recipe
 
 DATA = Path(__file__).parent / "data"

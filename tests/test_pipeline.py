@@ -146,7 +146,7 @@ def test_only_the_first_unfinished_stage_keeps_its_partial_work(write_recipe, ti
 def test_a_checkpoint_cut_short_by_a_kill_is_not_resumed_from(tmp_path):
     from types import SimpleNamespace
 
-    from r1kit.training import last_checkpoint
+    from r1kit.trainers.training import last_checkpoint
 
     ctx = SimpleNamespace(dir=tmp_path)
     folder = tmp_path / "checkpoints"
@@ -180,7 +180,7 @@ def test_a_stage_is_not_taken_as_done_or_resumed_when_what_it_was_made_from_chan
 
 
 def test_a_metrics_log_cut_short_by_a_kill_is_read_and_resumed(tmp_path):
-    from r1kit.training import make_metrics_log, read_metrics
+    from r1kit.trainers.training import make_metrics_log, read_metrics
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 10, "loss": 1.0}\n{"step": 20, "loss": 0.9}\n{"step": 30, "lo')

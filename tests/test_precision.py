@@ -69,7 +69,7 @@ def test_model_init_kwargs_dtype_is_honoured(write_recipe, bf16_model):
     assert json.loads((Path(record["model"]) / "config.json").read_text())["dtype"] == "bfloat16"
 
 
-# bfloat16 on a CPU: r1kit's own choice (r1kit.precision) and the recipe's override.
+# bfloat16 on a CPU: r1kit's own choice (r1kit.hardware.precision) and the recipe's override.
 
 X86_BF16 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 amx_tile\n"
 X86_NO_BF16 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512bw\n"
@@ -78,7 +78,7 @@ ARM_BF16 = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n"
 
 @pytest.mark.parametrize("cpuinfo, native", [(X86_BF16, True), (X86_NO_BF16, False), (ARM_BF16, True), ("", False)])
 def test_native_bf16_reads_the_cpu_flags(cpuinfo, native):
-    from r1kit.precision import native_bf16
+    from r1kit.hardware.precision import native_bf16
 
     assert native_bf16(cpuinfo) is native
 
@@ -90,7 +90,7 @@ def _config(folder: Path, hidden: int) -> Path:
 
 
 def test_cpu_bf16_needs_native_arithmetic_and_large_matrices(tmp_path):
-    from r1kit.precision import MIN_HIDDEN, cpu_bf16
+    from r1kit.hardware.precision import MIN_HIDDEN, cpu_bf16
 
     big, small = _config(tmp_path / "big", MIN_HIDDEN), _config(tmp_path / "small", 128)
     assert cpu_bf16(str(big), X86_BF16)[0] is True
@@ -104,7 +104,7 @@ def test_cpu_bf16_needs_native_arithmetic_and_large_matrices(tmp_path):
 @pytest.fixture(scope="module")
 def wide_model(tmp_path_factory) -> Path:
     """A one-layer model with hidden size 512: large enough for r1kit to pick bfloat16."""
-    from r1kit.tiny import build_tiny_model
+    from r1kit.offline.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("wide") / "model", hidden_size=512, num_layers=1, num_heads=4,
                             num_kv_heads=2, intermediate_size=1024, seed=0)
@@ -114,7 +114,7 @@ def wide_model(tmp_path_factory) -> Path:
 def bf16_cpu(monkeypatch):
     if torch.cuda.is_available():
         pytest.skip("r1kit's CPU precision choice applies without a GPU")
-    monkeypatch.setattr("r1kit.precision.native_bf16", lambda cpuinfo=None: True)
+    monkeypatch.setattr("r1kit.hardware.precision.native_bf16", lambda cpuinfo=None: True)
 
 
 @pytest.mark.parametrize("trainer, expected", [({}, True), ({"bf16": False}, False)])
@@ -201,7 +201,7 @@ def test_vllm_sampler_is_asked_for_bfloat16_on_a_bf16_cpu(wide_model, bf16_cpu, 
 
 def test_describe_cpu_names_the_model_its_vector_flags_and_bfloat16():
     """The line every bench prints beside its figures."""
-    from r1kit.precision import describe_cpu
+    from r1kit.hardware.precision import describe_cpu
 
     zen3 = "processor\t: 0\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse2 avx2 fma\n"
     line = describe_cpu(zen3)

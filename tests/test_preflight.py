@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import r1kit.sampling
-import r1kit.training
-from r1kit import benchmarks
+import r1kit.trainers.training
+from r1kit.evaluation import benchmarks
 from r1kit.cli import main
 
 ROOT = Path(__file__).parents[1]
@@ -46,10 +46,10 @@ REJECTION = {"name": "rs", "kind": "rejection", "data": {"source": "task:additio
     ],
 )
 def test_what_the_machine_lacks_is_noted_by_validate_and_refused_by_run(write_recipe, tmp_path, monkeypatch, capsys, stage, lacking, expected):
-    monkeypatch.setattr(r1kit.training, "has_gpu", lambda: lacking not in ("gpu", "bf16"))
+    monkeypatch.setattr(r1kit.trainers.training, "has_gpu", lambda: lacking not in ("gpu", "bf16"))
     if lacking == "vllm":
         monkeypatch.setattr(r1kit.sampling, "vllm_available", lambda: False)
-    monkeypatch.setattr("r1kit.precision.native_bf16", lambda cpuinfo=None: lacking != "bf16")
+    monkeypatch.setattr("r1kit.hardware.precision.native_bf16", lambda cpuinfo=None: lacking != "bf16")
     path = write_recipe({"model": "tiny", "stages": [stage]})
     assert main(["validate", str(path)]) == 0  # the recipe may be meant for another machine
     captured = capsys.readouterr()
@@ -62,7 +62,7 @@ def test_what_the_machine_lacks_is_noted_by_validate_and_refused_by_run(write_re
 
 
 def test_a_machine_that_has_everything_notes_nothing(write_recipe, monkeypatch, capsys):
-    monkeypatch.setattr(r1kit.training, "has_gpu", lambda: True)
+    monkeypatch.setattr(r1kit.trainers.training, "has_gpu", lambda: True)
     monkeypatch.setattr(r1kit.sampling, "vllm_available", lambda: True)
     path = write_recipe({"model": "tiny", "stages": [grpo(use_vllm=True, bf16=False), {**REJECTION, "backend": "vllm"}]})
     assert main(["validate", "--here", str(path)]) == 0
@@ -71,13 +71,13 @@ def test_a_machine_that_has_everything_notes_nothing(write_recipe, monkeypatch, 
 
 def test_bfloat16_a_recipe_asks_for_is_refused_only_where_it_would_be_emulated(write_recipe, monkeypatch):
     """On a CPU that computes bfloat16, or with a GPU, a recipe's bf16 runs; float32 or no choice runs anywhere."""
-    from r1kit.precision import emulated_bf16
+    from r1kit.hardware.precision import emulated_bf16
     from r1kit.recipe import load_recipe
 
     asks = load_recipe(write_recipe({"model": "tiny", "stages": [grpo(bf16=True)]}))
     leaves = load_recipe(write_recipe({"model": "tiny", "stages": [grpo(), grpo(bf16=False) | {"name": "rl2"}]}, "other.yaml"))
     for gpu, native, expected in [(False, False, 1), (False, True, 0), (True, False, 0)]:
-        monkeypatch.setattr("r1kit.precision.native_bf16", lambda cpuinfo=None: native)
+        monkeypatch.setattr("r1kit.hardware.precision.native_bf16", lambda cpuinfo=None: native)
         assert len(emulated_bf16(asks, gpu)) == expected and emulated_bf16(leaves, gpu) == []
 
 
@@ -150,7 +150,7 @@ def test_a_task_benchmarks_problems_do_not_follow_the_sampling_seed(tmp_path, mo
 
         return evaluate
 
-    from r1kit import evaluate as ev
+    from r1kit.evaluation import evaluate as ev
     from r1kit import pipeline
     from r1kit.recipe import load_recipe
     from r1kit.stages import evaluate as eval_stage
@@ -168,7 +168,7 @@ def test_a_task_benchmarks_problems_do_not_follow_the_sampling_seed(tmp_path, mo
 
 
 def test_summary_records_a_task_benchmarks_arguments(tmp_path):
-    from r1kit import evaluate as ev
+    from r1kit.evaluation import evaluate as ev
 
     bench = benchmarks.load_benchmark("task:addition", task_args={"digits": 2, "n": 2})
     completions = tmp_path / "gen.jsonl"
@@ -222,7 +222,7 @@ def test_shipped_recipes_build_their_trainer_configs_and_loggers(path):
 
     from r1kit import stages as registry
     from r1kit.recipe import load_recipe
-    from r1kit.training import trainer_fields
+    from r1kit.trainers.training import trainer_fields
 
     recipe = load_recipe(path)
     built = 0

@@ -10,12 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from r1kit import corpus, reward_registry
+from r1kit import reward_registry
+
+from r1kit.offline import corpus
 from r1kit.cli import main
 from r1kit.errors import RewardError
 from r1kit.recipe import load_recipe
 from r1kit.report import rise_together, trend_table, write_report
-from r1kit.tasks import _is_test
+from r1kit.offline.tasks import _is_test
 from r1kit.templates import R1_ZERO
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,7 +128,7 @@ def test_pretraining_lowers_the_loss_and_is_recorded_in_the_build(tmp_path):
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from r1kit.tiny import build_tiny_model, build_tokenizer
+    from r1kit.offline.tiny import build_tiny_model, build_tokenizer
 
     tokenizer = build_tokenizer(extra=corpus.documents(200))
     config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -200,7 +202,7 @@ def test_the_r1_zero_cpu_recipe_validates_and_builds_its_base_by_pretraining(cap
 
 def test_last_digit_sums_share_the_split_and_refuse_unknown_operations():
     from r1kit.errors import DataError
-    from r1kit.tasks import generate, last_digit
+    from r1kit.offline.tasks import generate, last_digit
 
     sums = last_digit(n=200, ops="+", split="test")
     assert all("*" not in r["prompt"] for r in sums)

@@ -21,7 +21,7 @@ from r1kit.errors import RecipeError
 from r1kit.recipe import load_recipe
 from r1kit.filters import normalize
 from r1kit.stages.rejection import DROPS, RejectionStage, select
-from r1kit.tasks import addition
+from r1kit.offline.tasks import addition
 
 
 def stage(n=24, **extra):

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from r1kit import reward_registry as rewards
-from r1kit.judge import extract_program, normalise_output
+from r1kit.execution.judge import extract_program, normalise_output
 from r1kit.rewards.code import code_tests
 
 # A HumanEval-style sample: tests define check(candidate), the entry point names the function.

@@ -20,7 +20,7 @@ THOUGHT = "<think> 40 plus 2 is 42, let me double check the tens and the units. 
 @pytest.fixture(scope="module")
 def tiny_rm(tiny_model, tmp_path_factory) -> str:
     """A random Qwen2 sequence classifier (one output) with the tiny model's tokenizer."""
-    from r1kit.tiny import build_tiny_reward_model
+    from r1kit.offline.tiny import build_tiny_reward_model
 
     return str(build_tiny_reward_model(tiny_model, tmp_path_factory.mktemp("rm") / "rm"))
 
@@ -144,7 +144,7 @@ def test_routing_errors_name_the_problem(write_recipe, tiny_model, capsys):
 
 
 def test_grpo_mixes_a_routed_rule_reward_and_the_reward_model(write_recipe, tiny_rm, tiny_model, tmp_path):
-    from r1kit.tasks import addition
+    from r1kit.offline.tasks import addition
 
     rows = [{**r, "task": "math" if i % 2 else "general"} for i, r in enumerate(addition(n=16, digits=1))]
     data = tmp_path / "mixed.jsonl"

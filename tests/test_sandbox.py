@@ -1,4 +1,4 @@
-"""r1kit.sandbox: what counts as a pass, the limits, and hostile programs contained.
+"""r1kit.execution.sandbox: what counts as a pass, the limits, and hostile programs contained.
 
 Hostile programs run with short limits; the fork bomb runs only after the process limit has been
 seen to hold on a harmless program. Containment needs root (per-run uids), as r1kit's CI has;
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from r1kit import sandbox
-from r1kit.sandbox import Limits, isolation, run_many, run_python
+from r1kit.execution import sandbox
+from r1kit.execution.sandbox import Limits, isolation, run_many, run_python
 
 # Room to finish on a busy machine: the programs that must end take well under a second of CPU.
 FAST = Limits(wall_s=20.0, cpu_s=20.0)
@@ -384,7 +384,7 @@ def test_without_root_the_fallbacks_still_decide_and_block_sockets():
 
 def test_the_fork_server_is_a_module_that_imports_without_side_effects():
     # Imported in a fresh interpreter: no socket touched, no namespace made, nothing run.
-    probe = "import r1kit.sandbox_server as s, sys; print(s.CONTROL, s.active, 'r1kit.sandbox' in sys.modules)"
+    probe = "import r1kit.execution.sandbox_server as s, sys; print(s.CONTROL, s.active, 'r1kit.execution.sandbox' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.split() == ["-1", "{}", "False"], out.stderr
 
@@ -394,7 +394,7 @@ def test_run_program_reports_the_exit_status_and_marks_only_a_finished_program(t
     # pass marker written only when the program ran to its end.
     probe = textwrap.dedent("""
         import os, sys
-        import r1kit.sandbox_server as s
+        import r1kit.execution.sandbox_server as s
         read, write = os.pipe()
         status = s.run_program(write, b"NONCE")
         os.close(write)

@@ -1,4 +1,4 @@
-"""r1kit.shared_prompts: GRPO scoring with each distinct prompt through the model once gives the
+"""r1kit.trainers.shared_prompts: GRPO scoring with each distinct prompt through the model once gives the
 one-pass forward's log-probabilities, entropies and gradients, and really does run prompts once."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from r1kit import cpu
-from r1kit.shared_prompts import score_prompts_once
+from r1kit.hardware import cpu
+from r1kit.trainers.shared_prompts import score_prompts_once
 
 PROMPT, COMPLETION = 9, 6
 
@@ -85,7 +85,7 @@ def test_distinct_prompts_take_the_one_pass_forward_and_chunks_share_their_own_p
 
 
 def test_gradient_checkpointing_keeps_the_one_pass_forward_and_says_so(grpo_trainer, caplog):
-    with caplog.at_level("WARNING", logger="r1kit.shared_prompts"):
+    with caplog.at_level("WARNING", logger="r1kit.trainers.shared_prompts"):
         assert not score_prompts_once(grpo_trainer(4, 2, COMPLETION, gradient_checkpointing=True))
     assert "share_prompts: each completion is scored with its prompt, as TRL does: gradient checkpointing" in caplog.text
 

@@ -10,7 +10,7 @@ import pytest
 
 from r1kit.cli import main
 from r1kit.errors import EvalError
-from r1kit.suite import load_suite
+from r1kit.evaluation.suite import load_suite
 
 DATA = Path(__file__).parent / "data"
 COPIES = {"aime24": "aime24.jsonl", "math500": "math500.jsonl", "gpqa_diamond": "gpqa_diamond.jsonl",
@@ -112,7 +112,7 @@ def test_abbreviated_flags_are_refused(tiny_model, tmp_path, capsys):
 
 
 def test_table_cells_rates_ratings_and_bounds():
-    from r1kit.suite import table
+    from r1kit.evaluation.suite import table
 
     suite = load_suite("r1")
     summaries = {"aime24": {"pass@1": 0.25, "cons@64": 0.5}, "math500": {"pass@1": 0.8}, "gpqa_diamond": {"pass@1": 0.3},

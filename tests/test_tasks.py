@@ -6,10 +6,10 @@ import re
 
 import pytest
 
-from r1kit.judge import Tests as UnitTests
-from r1kit.judge import judge
-from r1kit.sandbox import Limits
-from r1kit.tasks import addition, chain, functions, generate, last_digit, mix
+from r1kit.execution.judge import Tests as UnitTests
+from r1kit.execution.judge import judge
+from r1kit.execution.sandbox import Limits
+from r1kit.offline.tasks import addition, chain, functions, generate, last_digit, mix
 
 
 def judge_(completions, tests):

@@ -8,12 +8,12 @@ import pytest
 
 from r1kit.errors import RecipeError
 from r1kit.sampling import tool_loop
-from r1kit.tools import Tool, ToolConfig, from_recipe, output_block
+from r1kit.execution.tools import Tool, ToolConfig, from_recipe, output_block
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from r1kit.tiny import build_tokenizer
+    from r1kit.offline.tiny import build_tokenizer
 
     return build_tokenizer()
 

@@ -14,7 +14,7 @@ import torch
 
 from r1kit.errors import RecipeError
 from r1kit.stages.grpo import tool_rollouts
-from r1kit.tools import Tool, ToolConfig, output_block
+from r1kit.execution.tools import Tool, ToolConfig, output_block
 
 TURNS = ["<think> ```python\nprint(6 * 7)\n```\n", " </think> <answer> 42 </answer>"]
 

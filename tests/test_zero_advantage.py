@@ -1,4 +1,4 @@
-"""r1kit.zero_advantage: GRPO's loss computed on the completions with a nonzero advantage alone gives
+"""r1kit.trainers.zero_advantage: GRPO's loss computed on the completions with a nonzero advantage alone gives
 TRL's loss and every gradient, runs the model on those completions only, and is taken only where
 zero-advantage completions really add nothing."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from r1kit import cpu
-from r1kit.zero_advantage import skip_zero_advantage
+from r1kit.hardware import cpu
+from r1kit.trainers.zero_advantage import skip_zero_advantage
 
 PROMPT, COMPLETION, ROWS = 5, 6, 8
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from r1kit import precision
+from r1kit.hardware import precision
 from r1kit.errors import RecipeError
 
 from r1kit.sampling.base import BACKENDS, Completion, Sampler, SamplingParams

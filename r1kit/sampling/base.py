@@ -61,7 +61,7 @@ class Completion:
     truncated: bool
     """True when generation stopped at max_tokens rather than at an end-of-sequence token."""
     tool_calls: int | None = None
-    """Tool calls the completion made (r1kit.tools); None when it was sampled without tools."""
+    """Tool calls the completion made (r1kit.execution.tools); None when it was sampled without tools."""
 
 
 class Sampler(Protocol):
@@ -71,6 +71,6 @@ class Sampler(Protocol):
         ...
 
     def generate_full(self, prompts: list[str], n: int, params: SamplingParams, tools: list | None = None) -> list[list[Completion]]:
-        """n completions of each prompt; with `tools` (r1kit.tools.Tool), rollouts that run code
+        """n completions of each prompt; with `tools` (r1kit.execution.tools.Tool), rollouts that run code
         as they go (r1kit.sampling.tool_loop), each completion the whole transcript."""
         ...

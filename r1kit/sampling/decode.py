@@ -19,7 +19,7 @@ SmolLM2-135M, see bench/sampling.py):
   CPU kernels copy keys and values once per query head under grouped-query attention with a
   padding mask, and are slow with one query a row);
 - on a CPU the linear layers multiply by weights packed once per call in oneDNN's layout
-  (`r1kit.cpu.packed_linears`), in the autocast dtype inside an autocast region;
+  (`r1kit.hardware.cpu.packed_linears`), in the autocast dtype inside an autocast region;
 - for Llama-family models each step after the prefill is written out
   (r1kit.sampling.llama_step: the forward pass's logits, in far fewer operations);
 - rows whose sample has ended leave the batch (once a quarter of it has ended);
@@ -45,7 +45,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from r1kit import cpu
+from r1kit.hardware import cpu
 from r1kit.sampling.llama_step import LlamaStep
 
 BLOCK = 16  # positions a row's buffers grow by: one copy of its own positions per BLOCK decoding steps

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from r1kit import cpu
+from r1kit.hardware import cpu
 from r1kit.sampling import tool_loop
 from r1kit.sampling.base import Completion, SamplingParams
 from r1kit.sampling.decode import BLOCK, Nucleus, decode, greedy

@@ -7,7 +7,7 @@ the prefill for these models.
 
 The same products in the same precision at each point as the model's forward pass (under
 autocast too: the norms and the residual stream in the weights' dtype, the products, keys and
-values in the autocast dtype), with the modules' own weights (packed by r1kit.cpu.packed_linears
+values in the autocast dtype), with the modules' own weights (packed by r1kit.hardware.cpu.packed_linears
 where the loop packs them) and the model's own norms and rotary embedding: the logits are the forward
 pass's bit for bit with torch's own products (a test compares every step's in float32, bfloat16
 and under autocast), and were so with oneDNN's joined products on the 2-core machine measured
@@ -95,14 +95,14 @@ class LlamaStep:
 
 
 def _linear(module: torch.nn.Linear, x: torch.Tensor, compute: torch.dtype) -> torch.Tensor:
-    """The layer's product in `compute` (its packed forward where r1kit.cpu packed it)."""
+    """The layer's product in `compute` (its packed forward where r1kit.hardware.cpu packed it)."""
     if "forward" in vars(module):  # packed: casts x itself
         return module.forward(x)
     return torch.nn.functional.linear(x.to(compute), module.weight.to(compute), None if module.bias is None else module.bias.to(compute))
 
 
 class _Joined:
-    """Linear layers that read the same input, as one product: where r1kit.cpu.packed_linears
+    """Linear layers that read the same input, as one product: where r1kit.hardware.cpu.packed_linears
     packed the layers, their weights side by side, packed once by oneDNN (another copy of those
     weights; on the machine measured the outputs were the layers' own packed products bit for bit,
     at 16 to 128 rows, in float32 and bfloat16); elsewhere

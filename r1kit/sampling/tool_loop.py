@@ -1,5 +1,5 @@
 """Multi-turn rollouts with tools: generate, run the code a turn ends on, append its output, go on
-(the protocol and the tools are r1kit.tools).
+(the protocol and the tools are r1kit.execution.tools).
 
     transcripts = rollouts(step, prompts=[[1, 2, 3]], counts=[8], max_tokens=256,
                            tools=[Tool(ToolConfig(name="python"))], tokenizer=tokenizer, eos_ids={0})
@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from r1kit.tools import Tool, output_block
+from r1kit.execution.tools import Tool, output_block
 
 # step(prompts, counts, max_tokens, stop) -> new tokens of each sample, prompt by prompt
 Step = Callable[[list[list[int]], list[int], int, Callable[[int, list[int]], bool] | None], list[list[int]]]

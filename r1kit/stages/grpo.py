@@ -8,7 +8,7 @@
         - {name: math_accuracy, weight: 1.0}
         - {name: format, weight: 0.5, mode: strict}    # reward parameters sit beside name and weight
       dynamic_sampling: false                          # DAPO: drop zero-signal groups and refill
-      tools: [python]                                  # rollouts may run code as they reason (r1kit.tools)
+      tools: [python]                                  # rollouts may run code as they reason (r1kit.execution.tools)
       trainer: {learning_rate: 3.0e-6, num_generations: 16}    # trl.GRPOConfig fields, as they are
 
 Rewards come from the reward registry (r1kit.reward_registry) and map onto TRL's ``reward_funcs`` and
@@ -33,12 +33,12 @@ Defaults follow the DeepSeek-R1 paper rather than TRL: ``loss_type: grpo`` and `
 variant recipes). On a GPU, ``use_vllm: true`` generates with vLLM (colocated, or ``vllm_mode:
 server``); without it TRL generates with transformers, and on a CPU r1kit's decoding loop
 (r1kit.sampling.decode) generates in its place, from the same distribution (`decode_rollouts`), and TRL's
-log-probabilities go through r1kit.cpu's whole-vocabulary products. ``share_prompts: true`` scores
-each group's prompt once (r1kit.shared_prompts). At ``beta: 0`` completions with zero advantage
-skip the forward and backward pass (r1kit.zero_advantage). With ``peft:`` the stage trains a LoRA
-adapter (TRL syncs the merged weights into vLLM) and hands on the merged model (r1kit.lora).
+log-probabilities go through r1kit.hardware.cpu's whole-vocabulary products. ``share_prompts: true`` scores
+each group's prompt once (r1kit.trainers.shared_prompts). At ``beta: 0`` completions with zero advantage
+skip the forward and backward pass (r1kit.trainers.zero_advantage). With ``peft:`` the stage trains a LoRA
+adapter (TRL syncs the merged weights into vLLM) and hands on the merged model (r1kit.trainers.lora).
 
-With ``tools:`` a rollout may run code while it reasons (r1kit.tools: a python block, its output
+With ``tools:`` a rollout may run code while it reasons (r1kit.execution.tools: a python block, its output
 appended, generation going on): `tool_rollouts` hands TRL the turns as its ``rollout_func``, with
 the tools' output tokens masked out of the loss and the KL (TRL's tool mask); the rewards read the
 whole transcript, and answer extraction skips output blocks. On a CPU r1kit's decoding loop does
@@ -58,16 +58,16 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from r1kit import data as data_lib
-from r1kit import lora
+from r1kit.trainers import lora
 from r1kit import reward_registry
 from r1kit import templates
-from r1kit import tools as tools_lib
+from r1kit.execution import tools as tools_lib
 from r1kit.config import PromptStageConfig
 from r1kit.errors import RecipeError
-from r1kit.shared_prompts import score_prompts_once
+from r1kit.trainers.shared_prompts import score_prompts_once
 from r1kit.stages.base import StageContext, StageKind, StageResult
-from r1kit.training import checkpoint_step, last_checkpoint, make_metrics_log, read_metrics, train_and_save, trainer_args
-from r1kit.zero_advantage import skip_zero_advantage
+from r1kit.trainers.training import checkpoint_step, last_checkpoint, make_metrics_log, read_metrics, train_and_save, trainer_args
+from r1kit.trainers.zero_advantage import skip_zero_advantage
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class GRPOStage(PromptStageConfig, lora.LoraFields, tools_lib.ToolFields):
     dynamic_sampling_max_rounds: int = 3
     """Cap on extra generation rounds per batch for dynamic sampling."""
     share_prompts: bool = False
-    """Score each group's prompt once, not once per completion (r1kit.shared_prompts): the same
+    """Score each group's prompt once, not once per completion (r1kit.trainers.shared_prompts): the same
     log-probabilities and gradients up to rounding, fewer tokens through the model."""
     trainer: dict[str, Any] = field(default_factory=dict)
     """Fields of trl.GRPOConfig, passed through."""
@@ -119,8 +119,8 @@ def run(ctx: StageContext) -> StageResult:
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from r1kit import cpu
-    from r1kit.dynamic_sampling import DynamicSamplingGRPOTrainer
+    from r1kit.hardware import cpu
+    from r1kit.trainers.dynamic_sampling import DynamicSamplingGRPOTrainer
 
     stage = ctx.stage
     rewards = reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards")

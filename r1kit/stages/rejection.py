@@ -62,7 +62,7 @@ the main one streams the journals in prompt order into ``dataset.jsonl`` and ``s
 the stage has. A chunk counts as done in whichever journal holds it, so a run killed on any
 process resumes with the same or another number of processes and redoes only unfinished chunks.
 
-With ``tools:`` (r1kit.tools) each sample is a rollout that may run code as it reasons; a kept row
+With ``tools:`` (r1kit.execution.tools) each sample is a rollout that may run code as it reasons; a kept row
 holds the whole transcript, tool outputs included, and its ``tool_calls``; what a tool printed
 never counts as the sample's answer.
 
@@ -91,7 +91,7 @@ from r1kit.files import append_synced, atomic_file, drop_partial_line, line_offs
 from r1kit.filters import REASONS, FilterConfig, filter_group
 from r1kit.sampling.base import EngineConfig, SamplingConfig
 from r1kit.stages.base import StageContext, StageKind, StageResult
-from r1kit.tools import ToolFields
+from r1kit.execution.tools import ToolFields
 
 log = logging.getLogger("r1kit")
 

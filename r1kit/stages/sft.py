@@ -10,13 +10,13 @@ the completion only (TRL's completion-only loss). Column names come from the ``d
 The trained model is saved to ``<stage>/model`` and handed to the next stage; checkpoints go to
 ``<stage>/checkpoints`` and an interrupted stage resumes from the last one.
 
-Rows whose completions hold tool calls (r1kit.tools: a code block, then the ``output`` block a
+Rows whose completions hold tool calls (r1kit.execution.tools: a code block, then the ``output`` block a
 tool wrote) train on what the model writes only: the output blocks' tokens are left out of the
 loss (`mask_tool_outputs`), as in a grpo stage with tools, so the model learns to call the tool
 and read its output, not to guess what it will print.
 
 With ``peft:`` (and optionally ``quantization:``) the stage trains a LoRA adapter and hands on
-the merged model (see r1kit.lora).
+the merged model (see r1kit.trainers.lora).
 
 Not here: packing heuristics or custom losses; set SFTConfig fields for those.
 """
@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from r1kit import data as data_lib
-from r1kit import lora
+from r1kit.trainers import lora
 from r1kit.config import DataConfig, StageConfig
 from r1kit.stages.base import StageContext, StageKind, StageResult
-from r1kit.training import checkpoint_step, last_checkpoint, make_metrics_log, read_metrics, trainer_args, train_and_save
+from r1kit.trainers.training import checkpoint_step, last_checkpoint, make_metrics_log, read_metrics, trainer_args, train_and_save
 
 log = logging.getLogger(__name__)
 

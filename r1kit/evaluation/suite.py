@@ -4,12 +4,12 @@ figures.
     r1kit eval --suite r1 --model runs/r1/rl/model --output evals/r1
     r1kit eval --suite my_suite.yaml --model M --output evals/mine --data gpqa_diamond=gpqa.jsonl
 
-A suite is a YAML file (the built-in ``r1`` is r1kit/suites/r1.yaml, the DeepSeek-R1 paper's
+A suite is a YAML file (the built-in ``r1`` is r1kit/evaluation/suites/r1.yaml, the DeepSeek-R1 paper's
 table: AIME 2024 with 64 samples and cons@64, MATH-500, GPQA Diamond, LiveCodeBench in the
 paper's date window, Codeforces with its rating)::
 
     name: my_suite
-    protocol: {temperature: 0.6, top_p: 0.95, max_tokens: 32768}    # any r1kit.evaluate.Protocol field
+    protocol: {temperature: 0.6, top_p: 0.95, max_tokens: 32768}    # any r1kit.evaluation.evaluate.Protocol field
     benchmarks:
       - {benchmark: aime24, samples: 64, report: [pass@1, cons@64]}
       - {benchmark: my_set.jsonl, samples: 4, report: [pass@1]}
@@ -17,14 +17,14 @@ paper's date window, Codeforces with its rating)::
       source: "where they come from"
       models: {Some-Model: {aime24 pass@1: 79.8}}
 
-Each benchmark is evaluated by r1kit.evaluate into ``OUTPUT/<name>/`` (resumable, as a single
+Each benchmark is evaluated by r1kit.evaluation.evaluate into ``OUTPUT/<name>/`` (resumable, as a single
 evaluation is); protocol flags given on the command line override the suite's for all of them;
 ``--data NAME=FILE`` reads a built-in benchmark from a local copy in its hub schema. At the end
 ``OUTPUT/suite.json`` and ``OUTPUT/suite.md`` hold the table (both in its units): a row for the measured model, then a
 row per published model marked "published". Rates are in percent; a rating is a rating.
 
 The model is loaded once, on the first benchmark with problems left to sample. Not here: the
-benchmarks' own rules (r1kit.benchmarks, r1kit.evaluate).
+benchmarks' own rules (r1kit.evaluation.benchmarks, r1kit.evaluation.evaluate).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class Suite:
     benchmarks: list[Entry]
     """The benchmarks, in the table's order."""
     protocol: dict = field(default_factory=dict)
-    """r1kit.evaluate.Protocol fields that differ from its defaults."""
+    """r1kit.evaluation.evaluate.Protocol fields that differ from its defaults."""
     published: Published | None = None
     """Figures from elsewhere to print beside the measured ones."""
 
@@ -82,7 +82,7 @@ class Suite:
 def load_suite(name_or_path: str) -> Suite:
     """A built-in suite by name, or a suite file; a bad file is a one-line EvalError naming it."""
     from r1kit.config import from_dict, parse_yaml
-    from r1kit.evaluate import Protocol
+    from r1kit.evaluation.evaluate import Protocol
 
     path = BUILT_IN / f"{name_or_path}.yaml" if "/" not in name_or_path and not name_or_path.endswith((".yaml", ".yml")) else Path(name_or_path)
     if not path.is_file():
@@ -123,7 +123,7 @@ def figures_of(k: int) -> list[str]:
 
 def label(entry: Entry) -> str:
     """The benchmark's folder name and column prefix."""
-    from r1kit.benchmarks import benchmark_name
+    from r1kit.evaluation.benchmarks import benchmark_name
 
     return benchmark_name(entry.benchmark)
 
@@ -165,8 +165,8 @@ def table(suite: Suite, model: str, summaries: dict[str, dict]) -> tuple[str, di
 def run_suite(suite: Suite, out_dir: str, *, model: str, backend: str, settings_overrides: dict, data: dict[str, str],
               limit: int | None = None, seed: int = 0, choice_seed: int = 0, rating_table: str | None = None) -> str:
     """Evaluate every benchmark of `suite` for `model` into `out_dir`; write and return the table."""
-    from r1kit.benchmarks import load_benchmark
-    from r1kit.evaluate import Settings, check_settings, evaluate
+    from r1kit.evaluation.benchmarks import load_benchmark
+    from r1kit.evaluation.evaluate import Settings, check_settings, evaluate
     from r1kit.files import write_atomic
 
     unknown = sorted(set(data) - {label(e) for e in suite.benchmarks})

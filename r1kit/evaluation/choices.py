@@ -1,7 +1,7 @@
 """Multiple-choice questions: the prompt, the seeded shuffle of the choices, and the letter a
 completion answers.
 
-    from r1kit.choices import answer_letter, prompt, shuffled
+    from r1kit.evaluation.choices import answer_letter, prompt, shuffled
     order = shuffled(4, seed=0, key="rec0aB")              # a permutation, the same on every run
     text = prompt("Which gas ...?", ["N2", "O2", "CO2", "Ar"])
     answer_letter("... so the gas is nitrogen.\\nAnswer: A", ["N2", "O2", "CO2", "Ar"])   # "A"

@@ -33,7 +33,7 @@ point of the ``r1kit.tools`` group, or a ``module:function`` string::
 
 `blocks[i]` is one rollout's new block and `history[i]` that rollout's earlier blocks.
 
-What the python tool does not protect against is what r1kit.sandbox does not: every block runs
+What the python tool does not protect against is what r1kit.execution.sandbox does not: every block runs
 there (no network, a uid of its own, no process left behind, limits on time, memory, processes
 and output); a hostile block gets an error output, never a crash of the stage.
 """
@@ -45,7 +45,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from r1kit import sandbox
+from r1kit.execution import sandbox
 from r1kit.errors import RecipeError
 from r1kit.text import OUTPUT_FENCE
 
@@ -128,7 +128,7 @@ class ToolFields:
     """The ``tools`` setting of the stages that sample (grpo, rejection, eval)."""
 
     tools: list[Any] = field(default_factory=list)
-    """Tools the rollouts may call (r1kit.tools): names, or {name, calls, timeout, memory_mb, output_chars}."""
+    """Tools the rollouts may call (r1kit.execution.tools): names, or {name, calls, timeout, memory_mb, output_chars}."""
 
     def check_tools(self, where: str) -> None:
         """Refuse unknown tools and bad bounds, with one line naming `where`."""

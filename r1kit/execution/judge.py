@@ -1,11 +1,11 @@
 """Judging code: does the program a completion wrote pass a problem's unit tests, and if not, why.
 
-    from r1kit.judge import Tests, judge
+    from r1kit.execution.judge import Tests, judge
     verdicts = judge(["def add(a, b):\\n    return a + b\\n"], [Tests(tests="assert add(2, 3) == 5\\n")])
     verdicts[0].passed, verdicts[0].reason          # True, None
 
 The `code_tests` reward (rewards/code.py) scores with it during training and the evaluator
-(r1kit.evaluate) records its verdicts for code benchmarks, so both judge a program the same way.
+(r1kit.evaluation.evaluate) records its verdicts for code benchmarks, so both judge a program the same way.
 
 **The program** (`extract_program`) is, by default (``"last_block"``): the text after the last
 ``</think>`` (reasoning is not the program; a ``<think>`` never closed, by the completion or by
@@ -50,7 +50,7 @@ limit exceeded``, ``cpu time limit``, ``exited early`` (``sys.exit(0)`` before t
 ended it (``AssertionError`` for a failed assertion, ``NameError``, ``MemoryError``, ...). For
 stdin/stdout problems it is the first failing case's reason.
 
-Every run is its own r1kit.sandbox subprocess, all of a batch's runs in parallel; read that module
+Every run is its own r1kit.execution.sandbox subprocess, all of a batch's runs in parallel; read that module
 for what the sandbox does and does not contain. Not here: languages other than Python, special
 judges (problems with several right outputs), interactive problems, guarding against programs
 that game the asserts (an object whose ``__eq__`` is always true passes ``assert f(x) == y``).
@@ -68,7 +68,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from r1kit.errors import RewardError
-from r1kit.sandbox import Limits, RunResult, run_many
+from r1kit.execution.sandbox import Limits, RunResult, run_many
 
 EXTRACT = ("last_block", "whole")
 PYTHON_TAGS = ("", "python", "py", "python3")

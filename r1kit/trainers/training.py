@@ -7,7 +7,7 @@
 - `trainer_args(config_cls, ctx, **r1kit_defaults)`: the recipe's ``trainer:`` fields, passed to
   the trainer library's config unchanged, plus the fields r1kit owns (output folder, seed) and,
   when no GPU is present, CPU-safe defaults for the fields the recipe left unset (logged), with
-  bf16 autocast where it pays (r1kit.precision). The whole effective config, every library default included, is written to
+  bf16 autocast where it pays (r1kit.hardware.precision). The whole effective config, every library default included, is written to
   ``<stage>/trainer_config.json``.
 - `last_checkpoint(ctx)` and `MetricsLog`, a callback writing every logged figure to
   ``<stage>/metrics.jsonl`` that stays consistent across resumes.
@@ -28,7 +28,7 @@ from r1kit.files import complete_lines, write_atomic
 log = logging.getLogger("r1kit")
 
 # TRL refuses to start on a machine without a GPU unless told so (it defaults to bf16). At run time
-# bf16 becomes r1kit.precision's choice for the stage's model.
+# bf16 becomes r1kit.hardware.precision's choice for the stage's model.
 CPU_DEFAULTS = {
     "use_cpu": True,
     "bf16": False,
@@ -68,7 +68,7 @@ def resolve_model(source: str, recipe) -> str:
     """A local folder or hub id for `source`, building or converting it into the run folder once."""
     models = Path(recipe.output_dir) / "_models"
     if source == "tiny" or source.startswith("tiny:"):
-        from r1kit.tiny import build_tiny_model
+        from r1kit.offline.tiny import build_tiny_model
 
         name = source.replace(":", "-")
         out = models / name
@@ -85,7 +85,7 @@ def resolve_model(source: str, recipe) -> str:
     if source.startswith(PACKAGE):
         source = str(package_file(source))
     if source.endswith(".gguf"):
-        from r1kit.gguf import convert_gguf
+        from r1kit.models import convert_gguf
 
         out = models / Path(source).stem
         if not (out / "config.json").is_file():
@@ -110,7 +110,7 @@ def trainer_args(config_cls, ctx, **r1kit_defaults):
     """The trainer library's config for this stage (see `trainer_fields`), recorded in the stage folder."""
     fields, applied = trainer_fields(ctx.stage, ctx.recipe, r1kit_defaults)
     if "bf16" in applied:
-        from r1kit.precision import cpu_bf16
+        from r1kit.hardware.precision import cpu_bf16
 
         bf16, why = cpu_bf16(ctx.model)
         fields["bf16"] = applied["bf16"] = bf16
@@ -173,7 +173,7 @@ def train_and_save(trainer, ctx) -> str:
         log.info("%s: resuming from %s", ctx.stage.name, checkpoint)
     trainer.train(resume_from_checkpoint=checkpoint)
     if getattr(ctx.stage, "peft", None) is not None:
-        from r1kit.lora import save_merged
+        from r1kit.trainers.lora import save_merged
 
         return save_merged(trainer, ctx)
     out = ctx.dir / "model"

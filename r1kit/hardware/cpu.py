@@ -23,7 +23,7 @@
 - `short_attention_in_math`: training attention over short sequences in SDPA's math kernel,
   whose backward is faster there than the flash kernel's.
 
-Not here: what is chosen in bfloat16 (r1kit.precision), r1kit's decoding loop
+Not here: what is chosen in bfloat16 (r1kit.hardware.precision), r1kit's decoding loop
 (r1kit.sampling.decode), anything on a GPU.
 """
 

@@ -104,13 +104,13 @@ def build_tiny_model(
 ) -> Path:
     """Build and save the tiny model and tokenizer into `out_dir`; returns it.
 
-    With `pretrain_steps`, the model is then pretrained on r1kit.corpus (a base model that has seen
+    With `pretrain_steps`, the model is then pretrained on r1kit.offline.corpus (a base model that has seen
     reasoning in free text; its tokenizer also learns from that corpus), `pretrain_batch_size`
     documents a step."""
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from r1kit import corpus
+    from r1kit.offline import corpus
 
     if hidden_size // num_heads < 32:
         raise ValueError(f"tiny model: head_dim = hidden_size / num_heads must be >= 32, got {hidden_size // num_heads}")

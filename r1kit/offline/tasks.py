@@ -11,7 +11,7 @@ Math: `addition`: multi-digit addition, with a chain of thought that adds column
 carries. `chain`: the sum of several one-digit numbers, with a running-sum chain of thought.
 `last_digit`: the last digit of a left-to-right chain of `+` and `*` on one-digit numbers (the
 demo's task: one step at a time it is easy, in one go it is not). `multiply`: products of two
-multi-digit numbers, worked by one call of the python tool (r1kit.tools).
+multi-digit numbers, worked by one call of the python tool (r1kit.execution.tools).
 Code: `functions`: write ``f(x) = (a*x+b) % 10`` from two of its values; the tests also check it
 at points the prompt does not show.
 `mix`: several tasks in one shuffled dataset, ``{last_digit: {n: 1000}, functions: {n: 500}}``.
@@ -123,7 +123,7 @@ def chain(n: int = 1000, terms: int = 3, split: str = "train", seed: int = 0, di
 def chain_of_digits(rng: random.Random, terms: int, ops: str) -> tuple[str, str, list[tuple[int, str, int, int]], int]:
     """One `last_digit` problem drawn from `rng`: its key (which decides its split), the expression
     ``((7 + 6) * 3) + 5``, the steps as (left, op, right, result), each left the last digit of the
-    result before it, and the answer (the last digit). r1kit.corpus draws its puzzles here too."""
+    result before it, and the answer (the last digit). r1kit.offline.corpus draws its puzzles here too."""
     xs = [rng.randint(0, 9) for _ in range(terms)]
     chosen = [rng.choice(ops) for _ in range(terms - 1)]
     expr, steps, value = str(xs[0]), [], xs[0]
@@ -160,11 +160,11 @@ def multiply(n: int = 1000, digits: int = 3, split: str = "train", seed: int = 0
     """`n` products of two `digits`-digit numbers from `split`, worked with the python tool.
 
     ``What is 487 * 362?`` → ``<think> ```python\\nprint(487 * 362)\\n```\\n```output\\n176294\\n```\\n
-    </think> <answer> 176294 </answer>``: the demonstration runs one line of Python (r1kit.tools)
+    </think> <answer> 176294 </answer>``: the demonstration runs one line of Python (r1kit.execution.tools)
     and restates what it printed. A small model cannot multiply such numbers in its head, and
     with the tool it only has to copy: the demo of tool-integrated reasoning. `direct` is the
     share of demonstrations that answer without the tool (an empty ``<think> </think>``)."""
-    from r1kit.tools import output_block
+    from r1kit.execution.tools import output_block
 
     lo, hi = 10 ** (digits - 1), 10**digits - 1
 

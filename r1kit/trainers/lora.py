@@ -141,6 +141,6 @@ class LoraFields:
     """The recipe fields of a stage that can train a LoRA adapter (sft, grpo)."""
 
     peft: dict[str, Any] | None = None
-    """Fields of peft.LoraConfig: train a LoRA adapter instead of every weight (see r1kit.lora)."""
+    """Fields of peft.LoraConfig: train a LoRA adapter instead of every weight (see r1kit.trainers.lora)."""
     quantization: dict[str, Any] | None = None
     """Fields of transformers.BitsAndBytesConfig: 4- or 8-bit base weights under the adapter (CUDA only)."""
