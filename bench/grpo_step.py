@@ -26,8 +26,8 @@ steps each:
 --bare-trainer adds ``GRPOConfig`` fields to the bare side: ``'{"beta": 0.001}'`` has it compute
 the reference model's KL term as r1kit's side does by default, so that both do the same work.
 
-Bare TRL runs first: the allocator setting r1kit's pipeline makes is process-wide and would
-otherwise speed up the bare side too.
+Bare TRL runs first: the allocator setting `r1kit run` makes (here, before r1kit's side) is
+process-wide and would otherwise speed up the bare side too.
 
 Each step is split into phases by timing TRL's own methods: generation (``_generate``), rewards
 (``_calculate_rewards``), the rest of scoring (reference and old log-probabilities, advantages),
@@ -157,8 +157,10 @@ def bare_trl(model: str, rows, shared: dict, extra: dict, steps: int, out: Path,
 
 def r1kit_stage(model: str, shared: dict, extra: dict, steps: int, out: Path, phases: Phases, share_prompts: bool = False) -> None:
     from r1kit import pipeline
+    from r1kit.hardware import cpu
     from r1kit.recipe import load_recipe
 
+    cpu.keep_freed_memory()  # as `r1kit run` does at its start
     recipe = {
         "model": model,
         "output_dir": str(out),

@@ -85,7 +85,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="lora_memory_"))
     # Converted in a child too: Linux carries a process's peak RSS across exec, so a child forked
     # from a parent that had loaded the model would report at least the parent's peak.
-    convert = f"from r1kit.models import convert_gguf; from r1kit.trainers.training import package_file; convert_gguf(str(package_file({MODEL!r})), {str(work / 'model')!r})"
+    convert = f"from r1kit.models import ModelRef, convert_gguf; convert_gguf(str(ModelRef.parse({MODEL!r}).package_path()), {str(work / 'model')!r})"
     subprocess.run([sys.executable, "-c", convert], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     sides = {"full": None, "lora": {"r": 16, "lora_alpha": 32}}
     figures = {}

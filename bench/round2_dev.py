@@ -74,6 +74,9 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="folder for the dev runs (default: a temporary one)")
     args = parser.parse_args()
     print(describe_cpu(), flush=True)  # the figures below hold for this CPU
+    from r1kit.hardware import cpu
+
+    cpu.keep_freed_memory()  # as `r1kit run` does at its start
 
     demo = yaml.safe_load(Path(args.recipe).read_text())
     rl2 = next(s for s in demo["stages"] if s["name"] == "rl2")

@@ -249,15 +249,18 @@ def _relaunch_under_accelerate(args) -> None:
 
 def _cmd_run(args) -> None:
     from r1kit import pipeline
+    from r1kit.hardware import World, cpu
     from r1kit.recipe import load_recipe
 
-    recipe = load_recipe(args.recipe, args.overrides)
+    world = World.from_env()  # this process's place in a launch of several (accelerate, torchrun)
+    recipe = load_recipe(args.recipe, args.overrides, world)
     if args.accelerate_config:
         _check_accelerate_config(args.accelerate_config)
         pipeline.plan(recipe, args.restart_from)  # refuse before launching processes
         _relaunch_under_accelerate(args)
-    records = pipeline.run(recipe, restart_from=args.restart_from)
-    if not pipeline.is_main_process():
+    cpu.keep_freed_memory()
+    records = pipeline.run(recipe, restart_from=args.restart_from, world=world)
+    if not world.is_main:
         return
     from r1kit import report
 
@@ -272,9 +275,10 @@ def _cmd_run(args) -> None:
 
 def _cmd_validate(args) -> None:
     from r1kit import pipeline
+    from r1kit.hardware import World
     from r1kit.recipe import load_recipe
 
-    recipe = load_recipe(args.recipe, args.overrides)
+    recipe = load_recipe(args.recipe, args.overrides, World.from_env())
     if args.accelerate_config:
         _check_accelerate_config(args.accelerate_config)
     the_plan = pipeline.plan(recipe)
@@ -365,6 +369,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.argv = sys.argv[1:] if argv is None else argv
     setup_logging()
+    from r1kit.reward_registry import add_plugin_folders
+
+    add_plugin_folders(getattr(args, "recipe", None))  # `module:function` rewards and tools beside the recipe or here
     try:
         if args.command == "rewards":
             {"list": _cmd_rewards_list, "score": _cmd_rewards_score}[args.rewards_command](args)

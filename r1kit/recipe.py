@@ -8,24 +8,29 @@ library's config class for the ``trainer:`` block, and its own checks; r1kit.con
 strict conversion. A stage may use only earlier stages' models and datasets. Errors are
 `RecipeError` with one line ``FILE: key.path: what is wrong``.
 
-This module reads and checks; it runs nothing and writes nothing.
+This module reads and checks; it runs nothing, writes nothing and leaves the process as it found
+it (``sys.path`` included).
 """
 
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import yaml
 
 from r1kit import stages as stage_registry
-from r1kit.config import DataConfig, Recipe, StageConfig, apply_overrides, check_trainer_block, from_dict, parse_yaml
+from r1kit.config import Recipe, StageConfig, apply_overrides, check_trainer_block, from_dict, parse_yaml
 from r1kit.errors import RecipeError, suggest
+from r1kit.hardware import World
+from r1kit.models import ModelRef
 
 
-def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
-    """Read, override and check a recipe file. Raises RecipeError with a one-line message."""
+def load_recipe(path: str | Path, overrides: list[str] = (), world: World | None = None) -> Recipe:
+    """Read, override and check a recipe file. Raises RecipeError with a one-line message.
+    `world`: the run's processes, as the trainer configs are checked (default: as the launcher's
+    environment says). A ``module:function`` reward beside the recipe imports when the command
+    has put the recipe's folder on ``sys.path`` (r1kit.reward_registry.add_plugin_folders)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -41,19 +46,16 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
         raise RecipeError(f"{path}: not valid YAML{at}: {getattr(exc, 'problem', exc)}") from None
     if not isinstance(raw, dict):
         raise RecipeError(f"{path}: a recipe is a mapping with model, output_dir and stages")
-    folder = str(path.resolve().parent)
-    if folder not in sys.path:
-        sys.path.append(folder)  # `module:function` rewards may live beside the recipe
     try:
         raw = apply_overrides(raw, list(overrides))
-        recipe = _build(raw, stage_registry)
+        recipe = _build(raw, stage_registry, world or World.from_env())
     except RecipeError as exc:
         raise RecipeError(f"{path}: {exc}") from None
     recipe.source = str(path)
     return recipe
 
 
-def _build(raw: dict, stage_registry) -> Recipe:
+def _build(raw: dict, stage_registry, world: World) -> Recipe:
     stages_raw = raw.get("stages")
     if not isinstance(stages_raw, list) or not stages_raw:
         raise RecipeError("stages: expected a non-empty list of stages")
@@ -81,7 +83,7 @@ def _build(raw: dict, stage_registry) -> Recipe:
             stage.trainer = check_trainer_block(spec.trainer_config(), s.get("trainer"), f"{name}.trainer")
         if spec.check is not None:
             spec.check(stage)
-        _check_limits(stage)
+        _check_limits(stage, spec.data(stage))
         stages.append(stage)
     top = {k: v for k, v in raw.items() if k != "stages"}
     top["stages"] = []
@@ -90,16 +92,16 @@ def _build(raw: dict, stage_registry) -> Recipe:
     for stage in stages:
         spec = stage_registry.get(stage.kind)
         if spec.trainer_config is not None:
-            check_trainer_config(spec, stage, recipe)
+            check_trainer_config(spec, stage, recipe, world)
     earlier: set[str] = set()
     for stage in stages:
-        for ref_where, ref in _stage_refs(stage):
+        for ref_where, ref in _stage_refs(stage, stage_registry.get(stage.kind)):
             if ref in seen and ref not in earlier:
                 raise RecipeError(f"{stage.name}.{ref_where}: stage {ref!r} runs after {stage.name!r}; a stage can only use earlier stages")
         earlier.add(stage.name)
     _check_tiny(recipe)
-    _check_sources(recipe, seen)
-    _check_lengths(recipe)
+    _check_sources(recipe, seen, stage_registry)
+    _check_lengths(recipe, stage_registry)
     return recipe
 
 
@@ -109,9 +111,8 @@ def context_length(source: str, recipe: Recipe) -> tuple[int, str] | None:
     config.json. Hub ids and GGUF files are not looked up (None)."""
     import json
 
-    from r1kit.sampling import looks_local
-
-    if source == "tiny":
+    ref = ModelRef.parse(source)
+    if ref.form == "tiny" and not ref.name:
         import inspect
 
         from r1kit.offline.tiny import build_tiny_model
@@ -119,7 +120,7 @@ def context_length(source: str, recipe: Recipe) -> tuple[int, str] | None:
         default = inspect.signature(build_tiny_model).parameters["max_position_embeddings"].default
         return int(recipe.tiny_model.get("max_position_embeddings", default)), "the tiny model's max_position_embeddings"
     config = Path(source).expanduser() / "config.json"
-    if not looks_local(source) or not config.is_file():
+    if ref.form != "folder" or not config.is_file():
         return None
     try:
         fields = json.loads(config.read_text())
@@ -131,37 +132,25 @@ def context_length(source: str, recipe: Recipe) -> tuple[int, str] | None:
     return (int(value), f"max_position_embeddings in {config}") if isinstance(value, int) else None
 
 
-def _budgets(stage) -> list[tuple[str, int, str]]:
-    """(key, tokens, what) for each token budget the recipe sets for a stage that one sequence
-    must hold. Defaults are left alone (the R1 protocol's 32,768 tokens for eval and rejection
-    sampling end at the model's context)."""
-    import dataclasses
-
-    if stage.kind == "grpo":
-        keys = ("trainer.max_completion_length", "trainer.vllm_max_model_length")
-        completion, limit = stage.trainer.get("max_completion_length"), stage.trainer.get("vllm_max_model_length")
-        vllm = bool(stage.trainer.get("use_vllm"))
-    else:
-        keys = ("max_tokens", "backend_options.max_model_len")
-        default = {f.name: f.default for f in dataclasses.fields(stage)}.get("max_tokens")
-        completion = getattr(stage, "max_tokens", None)
-        completion = completion if completion != default else None
-        limit = (getattr(stage, "backend_options", None) or {}).get("max_model_len")
-        vllm = True  # max_model_len is a vLLM option
+def _budgets(stage, budgets) -> list[tuple[str, int, str]]:
+    """(key, tokens, what) for each token budget the stage kind reports (r1kit.stages.hooks.TokenBudgets)
+    that one sequence must hold; a completion budget at or above vLLM's sequence limit is refused."""
+    if budgets is None:
+        return []
     out = []
-    if isinstance(completion, int):
-        out.append((keys[0], completion, "completion"))
-    if isinstance(limit, int):
-        out.append((keys[1], limit, "vLLM sequence"))
-        if isinstance(completion, int) and completion >= limit and vllm:
+    if isinstance(budgets.completion, int):
+        out.append((budgets.completion_key, budgets.completion, "completion"))
+    if isinstance(budgets.limit, int):
+        out.append((budgets.limit_key, budgets.limit, "vLLM sequence"))
+        if isinstance(budgets.completion, int) and budgets.completion >= budgets.limit and budgets.vllm:
             raise RecipeError(
-                f"{stage.name}.{keys[0]}: {completion} tokens leave no room for the prompt in {keys[1]} {limit}; "
-                "vLLM would stop every completion early"
+                f"{stage.name}.{budgets.completion_key}: {budgets.completion} tokens leave no room for the prompt in "
+                f"{budgets.limit_key} {budgets.limit}; vLLM would stop every completion early"
             )
     return out
 
 
-def _check_lengths(recipe: Recipe) -> None:
+def _check_lengths(recipe: Recipe, stage_registry) -> None:
     """Token budgets that cannot fit: a completion budget at or above vLLM's sequence limit, and,
     where the model's context is known without loading it (`context_length`), a budget above it.
     Each stage's model derives from the recipe's model or the folder or stage it names."""
@@ -170,7 +159,7 @@ def _check_lengths(recipe: Recipe) -> None:
     for stage in recipe.stages:
         source = start.get(stage.model, stage.model) if stage.model else current
         start[stage.name] = current = source
-        budgets = _budgets(stage)
+        budgets = _budgets(stage, stage_registry.get(stage.kind).budgets(stage))
         known = context_length(source, recipe)
         if known is None:
             continue
@@ -197,33 +186,20 @@ def _check_tiny(recipe: Recipe) -> None:
                 raise RecipeError(f"{where}.{key}: expected a whole number of at least 1, got {value!r}")
 
 
-def _check_sources(recipe: Recipe, names: set[str]) -> None:
+def _check_sources(recipe: Recipe, names: set[str], stage_registry) -> None:
     """What a recipe names that can be checked without loading anything: local files and model
     folders exist, tasks and their arguments fit their generators, and a near miss of a stage's
     name is not taken for a hub id."""
     from r1kit.offline import tasks
     from r1kit.data import is_local
     from r1kit.errors import DataError
-    from r1kit.sampling import looks_local
 
-    def model(where: str, value: str) -> None:
-        if value.startswith("tiny:") and value[5:] not in recipe.tiny_models:
-            known = ", ".join(recipe.tiny_models) or "none"
-            raise RecipeError(f"{where}: {value!r} names no entry of tiny_models (defined: {known})")
-        if value == "tiny" or value.startswith(("package:", "tiny:")) or value in names:
-            return  # a package's file is looked for when the run starts (r1kit.pipeline)
-        if (looks_local(value) or value.endswith(".gguf")) and not Path(value).expanduser().exists():
-            raise RecipeError(f"{where}: no such model folder or file {value!r}")
-
-    model("model", recipe.model)
+    ModelRef.parse(recipe.model, names).check(recipe, "model")
     for stage in recipe.stages:
-        for key in ("model", "teacher"):
-            if getattr(stage, key, None):
-                model(f"{stage.name}.{key}", getattr(stage, key))
-        data = getattr(stage, "data", None)
-        if not isinstance(data, DataConfig):
-            continue
-        for where, section in [("data", data), *((f"data.also[{i}]", extra) for i, extra in enumerate(data.also))]:
+        kind = stage_registry.get(stage.kind)
+        for key, ref in kind.models(stage):
+            ModelRef.parse(ref, names).check(recipe, f"{stage.name}.{key}")
+        for where, section in kind.data(stage):
             source = section.source
             if source.startswith("task:"):
                 try:
@@ -242,32 +218,25 @@ def _check_sources(recipe: Recipe, names: set[str]) -> None:
                 )
 
 
-def _check_limits(stage: StageConfig) -> None:
+def _check_limits(stage: StageConfig, sections) -> None:
     """A data section's ``limit`` keeps at least one row (0 or less would train on nothing)."""
-    data = getattr(stage, "data", None)
-    sections = [("data", data)] + [(f"data.also[{i}]", extra) for i, extra in enumerate(data.also)] if isinstance(data, DataConfig) else []
     for where, section in sections:
-        limit = getattr(section, "limit", None)
-        if limit is not None and limit < 1:
-            raise RecipeError(f"{stage.name}.{where}.limit: must be at least 1 (or null for every row), got {limit}")
+        if section.limit is not None and section.limit < 1:
+            raise RecipeError(f"{stage.name}.{where}.limit: must be at least 1 (or null for every row), got {section.limit}")
 
 
-def _stage_refs(stage: StageConfig):
-    if stage.model:
-        yield "model", stage.model
-    if getattr(stage, "teacher", None):
-        yield "teacher", stage.teacher
-    data = getattr(stage, "data", None)
-    if isinstance(data, DataConfig):
-        yield "data.source", data.source
-        for i, extra in enumerate(data.also):
-            yield f"data.also[{i}].source", extra.source
+def _stage_refs(stage: StageConfig, kind):
+    """What the stage names that may be an earlier stage: its models and its data sources."""
+    yield from kind.models(stage)
+    for where, section in kind.data(stage):
+        yield f"{where}.source", section.source
 
 
-def check_trainer_config(spec, stage: StageConfig, recipe: Recipe) -> None:
+def check_trainer_config(spec, stage: StageConfig, recipe: Recipe, world: World) -> None:
     """Build the trainer library's config with exactly the fields the stage will run with, so its
     own consistency checks (batch sizes, loss options, precision on this machine) run before
-    any compute. Nothing heavy is loaded."""
+    any compute. Nothing heavy is loaded; `world` says whether this process must stay off the
+    device (r1kit.stage_process.off_device)."""
     import contextlib
 
     from r1kit import stage_process
@@ -275,7 +244,7 @@ def check_trainer_config(spec, stage: StageConfig, recipe: Recipe) -> None:
 
     fields, _ = trainer_fields(stage, recipe, spec.trainer_defaults(stage))
     try:
-        with stage_process.hidden_world() if stage_process.off_device() else contextlib.nullcontext():
+        with stage_process.hidden_world() if stage_process.off_device(world) else contextlib.nullcontext():
             spec.trainer_config()(**fields)
     except (ValueError, TypeError) as exc:
         raise RecipeError(f"{stage.name}.trainer: {' '.join(str(exc).split())}") from None

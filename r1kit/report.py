@@ -94,6 +94,16 @@ def stage_table(recipe, records: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def trainer_paths_table(recipe, records: dict[str, dict]) -> str | None:
+    """Per training stage, which of r1kit's paths through TRL's trainer were taken ("on") and why
+    not where not (r1kit.trainers.trl_overrides); None when no stage recorded them."""
+    lines = ["| stage | path | taken |", "|---|---|---|"]
+    for stage in recipe.stages:
+        paths = records.get(stage.name, {}).get("metrics", {}).get("trainer_paths", {})
+        lines += [f"| {stage.name} | {name} | {taken} |" for name, taken in paths.items()]
+    return "\n".join(lines) if len(lines) > 2 else None
+
+
 def reward_time_table(recipe, records: dict[str, dict]) -> str | None:
     """Per RL stage: seconds in the reward functions (all calls), their share of the stage's wall
     time, and the seconds of each reward; None when no stage recorded reward seconds."""
@@ -111,10 +121,17 @@ def reward_time_table(recipe, records: dict[str, dict]) -> str | None:
     return "\n".join(lines) if len(lines) > 2 else None
 
 
+def plots_rl(stage) -> bool:
+    """Whether the stage's kind logs RL figures per step (r1kit.stages.base.StageKind.plots_rl)."""
+    from r1kit import stages
+
+    return stages.get(stage.kind).plots_rl
+
+
 def rl_records(out: Path, stage, key: str) -> list[dict]:
-    """The logged steps of grpo stage `stage` that carry `key` (none for other stages or no log)."""
+    """The logged steps of RL stage `stage` that carry `key` (none for other stages or no log)."""
     path = out / stage.name / "metrics.jsonl"
-    if stage.kind != "grpo" or not path.exists():
+    if not plots_rl(stage) or not path.exists():
         return []
     return [r for r in read_metrics(path) if key in r]
 
@@ -249,6 +266,9 @@ def write_report(recipe, records: dict[str, dict]) -> Path:
     if len({r["benchmark"] for r in rows}) > 1:
         parts += ["## pass@1 by benchmark", "", pass_at_1_table(rows), ""]
     parts += ["## Stages", "", stage_table(recipe, records), ""]
+    paths = trainer_paths_table(recipe, records)
+    if paths:
+        parts += ["## Trainer paths", "", "Where r1kit's code stood in for TRL's in each training stage, and why not where not.", "", paths, ""]
     rewards = reward_time_table(recipe, records)
     if rewards:
         parts += ["## Reward time", "", "Seconds the reward functions took (main process), against the stage's wall time.", "", rewards, ""]
@@ -260,7 +280,7 @@ def write_report(recipe, records: dict[str, dict]) -> Path:
         parts += ["## What RL changed", "", (f"First → last logged step, each the mean of {WINDOW} steps; failures are 1 - the reward's mean. "
                   "The dashed line in the plots marks where accuracy and length have both made half their rise."), "", trends, ""]
     for stage in recipe.stages:
-        if stage.kind == "grpo" and plot_rl(out / stage.name / "metrics.jsonl", out / "plots" / f"{stage.name}.png"):
+        if plots_rl(stage) and plot_rl(out / stage.name / "metrics.jsonl", out / "plots" / f"{stage.name}.png"):
             parts += [f"## RL curves: {stage.name}", "", f"![{stage.name}](plots/{stage.name}.png)", ""]
     report = out / "report.md"
     write_atomic(report, "\n".join(parts))

@@ -25,7 +25,9 @@ that name.
 Rewards are found by name through the ``r1kit.rewards`` entry-point group (the built-ins, the
 repository's ``rewards/`` folder installed as the package ``r1kit.rewards``, register there too,
 see pyproject.toml), or by a ``"package.module:function"`` string for code that is not installed
-as a package: a module in the current directory or beside the recipe file is found.
+as a package: a module in the current directory or beside the recipe file is found, once the
+command has put those folders on ``sys.path`` (`add_plugin_folders`, called by r1kit.cli and by a
+stage's own process; loading a plug-in changes no process-wide state).
 
 A reward may declare the range of its scores as a function attribute, ``my_reward.bounds = (0.0,
 1.0)``: a rejection stage whose ``min_total`` its rewards can never reach is then refused at
@@ -75,8 +77,6 @@ def load_plugin(name: str, group: str, kind: str) -> Callable:
     ``module:function`` string; errors name the `kind` of plug-in (reward, tool)."""
     if ":" in name:
         module_name, _, attr = name.partition(":")
-        if "" not in sys.path and str(Path.cwd()) not in sys.path:
-            sys.path.append(str(Path.cwd()))  # `r1kit` as a command does not put it there, `python -m` does
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
@@ -93,6 +93,16 @@ def load_plugin(name: str, group: str, kind: str) -> Callable:
             "or give a 'module:function' path"
         )
     return registered[name].load()
+
+
+def add_plugin_folders(recipe_file: str | Path | None = None) -> None:
+    """Append the current directory and the folder of `recipe_file` to ``sys.path`` (each unless
+    there already), so that ``module:function`` plug-ins there import. Process-wide: for a
+    command's entry (r1kit.cli, r1kit.stage_process), not for a library call."""
+    folders = [str(Path(recipe_file).resolve().parent)] if recipe_file is not None else []
+    if "" not in sys.path:  # `r1kit` as a command does not put the current directory there, `python -m` does
+        folders.append(str(Path.cwd()))
+    sys.path.extend(f for f in dict.fromkeys(folders) if f not in sys.path)
 
 
 def parameters(fn: RewardFn) -> dict[str, Any]:

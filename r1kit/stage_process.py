@@ -15,6 +15,9 @@ forked) and hands back its `StageResult`; the pipeline process itself never touc
   the pipeline raises `StageProcessError` naming the stage and exit status.
 - The child dies with its parent (Linux ``PR_SET_PDEATHSIG``, elsewhere a watchdog thread): a
   killed run leaves no stage running on its own, and re-running resumes as before.
+- The child starts as a command does (`_child`): logging, the allocator setting of a CPU run
+  (r1kit.hardware.cpu), and the recipe's folder and the current directory on ``sys.path`` for
+  ``module:function`` rewards.
 - In a distributed run every process's child joins a new process group of its own stage, on
   ``MASTER_PORT`` + 1 + the stage's index (rank 0's child hosts its store), so no stage reuses
   the rendezvous keys of an earlier one. The pipeline processes themselves stay off the GPU:
@@ -37,7 +40,9 @@ import sys
 import threading
 import time
 
+from r1kit import hardware
 from r1kit.errors import RecipeError, RewardError
+from r1kit.hardware import World
 from r1kit.stages.base import StageContext, StageResult
 
 ENV = "R1KIT_STAGE_PROCESS"
@@ -54,9 +59,7 @@ def enabled() -> bool:
         return value == "1"
     if value:
         raise RecipeError(f"{ENV}={value!r}: set 1 (each stage in its own process) or 0 (all in this one)")
-    from r1kit.trainers.training import has_gpu
-
-    return has_gpu()
+    return hardware.has_gpu()
 
 
 def call(kind_name: str, ctx: StageContext) -> StageResult:
@@ -64,13 +67,12 @@ def call(kind_name: str, ctx: StageContext) -> StageResult:
     (the device's free memory as the stage starts, whoever holds the rest) and ``gpu_peak_mib``
     (the most this process's tensors held at once)."""
     from r1kit import stages
-    from r1kit.trainers.training import has_gpu
 
-    if not has_gpu():
+    if not hardware.has_gpu():
         return stages.get(kind_name).run(ctx)
     import torch
 
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())  # this process's GPU, not GPU 0
+    torch.cuda.set_device(ctx.processes.local_rank % torch.cuda.device_count())  # this process's GPU, not GPU 0
     free, _ = torch.cuda.mem_get_info()
     torch.cuda.reset_peak_memory_stats()
     result = stages.get(kind_name).run(ctx)
@@ -78,10 +80,11 @@ def call(kind_name: str, ctx: StageContext) -> StageResult:
     return result
 
 
-def off_device() -> bool:
-    """True in the pipeline's own process of a distributed run whose stages run in processes of
-    their own: it must create no CUDA context and no NCCL group (see `hidden_world`, `barrier`)."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and enabled()
+def off_device(world: World) -> bool:
+    """True in the pipeline's own process of a distributed run (`world`) whose stages run in
+    processes of their own: it must create no CUDA context and no NCCL group (see `hidden_world`,
+    `barrier`)."""
+    return world.world > 1 and enabled()
 
 
 @contextlib.contextmanager
@@ -105,8 +108,8 @@ WAIT = datetime.timedelta(days=7)
 _group = None  # this process's gloo group for `barrier`
 
 
-def barrier() -> None:
-    """Wait for every process of a distributed run (a no-op in a single process), in a gloo
+def barrier(world: World) -> None:
+    """Wait for every process of the distributed run `world` (a no-op in a single process), in a gloo
     group of r1kit's own whose timeout is a week (`WAIT`). Processes wait here while the main one
     builds a model or merges the shards of a generation stage, and while other processes finish
     their shards: hours at R1's scale, where a process group's default
@@ -116,23 +119,23 @@ def barrier() -> None:
     processes make it at the start of the run (r1kit.pipeline), before any long work; a stage's
     own process (`run`), when the stage first waits."""
     global _group
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    if world.world <= 1:
         return
     import torch.distributed as dist
 
     if _group is None:
         if not dist.is_initialized():
-            if off_device():
+            if off_device(world):
                 dist.init_process_group("gloo", timeout=WAIT)
             else:
                 from accelerate import PartialState
 
                 PartialState()  # the default group, as the stages' trainers will use it
         _group = dist.new_group(backend="gloo", timeout=WAIT)
-        if dist.get_world_size(_group) != int(os.environ["WORLD_SIZE"]):
+        if dist.get_world_size(_group) != world.world:
             raise StageProcessError(
                 f"this process's torch.distributed world has {dist.get_world_size(_group)} processes where the run has "
-                f"{os.environ['WORLD_SIZE']}: a library set it up as a single process (vLLM does, when its engine runs "
+                f"{world.world}: a library set it up as a single process (vLLM does, when its engine runs "
                 "in this process: VLLM_ENABLE_V1_MULTIPROCESSING=0); leave vLLM's engine in its own process"
             )
     dist.barrier(group=_group)
@@ -168,11 +171,16 @@ def run(kind_name: str, ctx: StageContext, index: int) -> StageResult:
 
 
 def _child(kind_name: str, ctx: StageContext, index: int, send, parent: int, level: int) -> None:
+    """The stage process's entry: set up the process as a command does, then run the stage."""
     from r1kit import setup_logging
+    from r1kit.hardware import cpu
+    from r1kit.reward_registry import add_plugin_folders
 
     _die_with(parent)
     setup_logging(level)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    cpu.keep_freed_memory()
+    add_plugin_folders(ctx.recipe.source)
+    if ctx.processes.world > 1:
         os.environ["MASTER_PORT"] = str(int(os.environ.get("MASTER_PORT", "29500")) + 1 + index)
         os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
     try:

@@ -70,20 +70,24 @@ def cold_start(tmp_path_factory, tiny_model) -> Path:
 
 @pytest.fixture
 def grpo_trainer(tiny_model, tmp_path):
-    """A builder of ``trl.GRPOTrainer``s on the tiny model, for tests of one training step's parts:
-    `rows` copies of one prompt a batch in groups of `generations`, completions of up to
-    `completion` tokens, a constant reward, no gradient checkpointing; other ``GRPOConfig`` fields
-    (and ``peft_config``) as keywords."""
+    """A builder of r1kit's ``GRPOTrainer``s (r1kit.trainers.trl_overrides) on the tiny model, for
+    tests of one training step's parts: `rows` copies of one prompt a batch in groups of
+    `generations`, completions of up to `completion` tokens, a constant reward, no gradient
+    checkpointing, none of r1kit's paths asked for unless `features` asks; other ``GRPOConfig``
+    fields (and ``peft_config``) as keywords."""
     from datasets import Dataset
     from transformers import AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
 
-    def build(rows: int, generations: int, completion: int, peft_config=None, **fields):
+    from r1kit.trainers.trl_overrides import Features, GRPOTrainer
+
+    def build(rows: int, generations: int, completion: int, peft_config=None, features=None, **fields):
         config = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=rows,
                             num_generations=generations, max_completion_length=completion, **{"gradient_checkpointing": False, **fields})
         tokenizer = AutoTokenizer.from_pretrained(tiny_model, padding_side="left")
         return GRPOTrainer(model=str(tiny_model), reward_funcs=[lambda completions, **kw: [0.0] * len(completions)], args=config,
-                           train_dataset=Dataset.from_list([{"prompt": "1+1="}] * rows), processing_class=tokenizer, peft_config=peft_config)
+                           train_dataset=Dataset.from_list([{"prompt": "1+1="}] * rows), processing_class=tokenizer, peft_config=peft_config,
+                           features=features or Features(skip_zero_advantage=False))
 
     return build
 

@@ -112,9 +112,9 @@ def test_missing_model_file_is_refused_before_running(write_recipe, tmp_path, mo
     (pkg / "__init__.py").write_text("")
     (pkg / "tiny.gguf").write_bytes(b"GGUF")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    from r1kit.trainers.training import package_file
+    from r1kit.models import ModelRef
 
-    assert package_file("package:r1kit_fake_models/tiny.gguf") == pkg / "tiny.gguf"
+    assert ModelRef.parse("package:r1kit_fake_models/tiny.gguf").package_path() == pkg / "tiny.gguf"
     assert main(["run", str(write_recipe({**base(), "model": model}))]) == 2
     assert expected in capsys.readouterr().err
     assert not (tmp_path / "run").exists()

@@ -1,5 +1,6 @@
-"""r1kit.hardware.cpu: the allocator setting, TRL's fused LM head through whole-vocabulary products,
-packed linear layers for decoding, and short attention in SDPA's math kernel."""
+"""r1kit.hardware.cpu and the patches that use it (r1kit.trainers.trl_patches): the allocator
+setting, TRL's fused LM head through whole-vocabulary products, packed linear layers for decoding,
+and short attention of the trained models in SDPA's math kernel."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from r1kit.hardware import cpu
+from r1kit.trainers import trl_patches
 
 MALLINFO = """
 import ctypes, torch
@@ -70,7 +72,7 @@ def test_fused_head_on_cpu_scores_completion_positions_alone_with_the_same_log_p
         return out, {n: p.grad.clone() for n, p in model.named_parameters()}
 
     full, full_grads = score()
-    with cpu.log_probs_on_cpu():
+    with trl_patches.log_probs_on_cpu():
         compact, compact_grads = score()
     # every position through TRL's tiles, then the labelled ones through r1kit's function
     assert projected == [(trl_utils._ChunkedLogProbFunction, 3 * 19), (cpu.WholeVocabLogProbs, int((labels[:, 1:] != -100).sum()))]
@@ -138,7 +140,7 @@ def test_grpo_loss_with_every_completion_masked_is_zero_on_cpu(grpo_trainer):
     ids = torch.randint(5, 100, (4, 11))
     mask = torch.ones_like(ids)
     mask[:, 5:] = 0  # TRL zeroes the completion mask of a truncated completion
-    with cpu.log_probs_on_cpu():
+    with trl_patches.log_probs_on_cpu():
         logps, entropies, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, 6, compute_entropy=True)
     assert logps.shape == entropies.shape == (4, 6) and not logps.any()
     logps.sum().backward()
@@ -209,31 +211,40 @@ def test_packing_probe_asks_onednn_once_and_says_why_it_cannot(monkeypatch, capl
         assert packed == 0 and "forward" not in vars(model[0])
 
 
-def test_short_attention_runs_in_math_kernel_and_long_attention_in_sdpas_choice(monkeypatch):
+def test_short_attention_of_the_given_models_runs_in_math_kernel_and_the_rest_in_sdpas_choice(monkeypatch):
     """Inside the context, transformers' SDPA entry point computes attention over at most
-    MATH_ATTENTION_UP_TO positions with torch's math kernel (same values), longer with SDPA's own."""
-    from torch.nn.attention import SDPBackend
+    MATH_ATTENTION_UP_TO positions with torch's math kernel alone (same values) in the layers of the
+    models it was given; longer attention, and every layer of another model (a reward model, a
+    judge), keep SDPA's own choice of kernels."""
+    from torch.nn.attention import SDPBackend, _cur_sdpa_kernel_backends
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    module = torch.nn.Module()
-    module.num_key_value_groups, module.is_causal = 3, True
+    def layer():
+        module = torch.nn.Module()
+        module.num_key_value_groups, module.is_causal = 3, True
+        return module
+
+    policy, other = torch.nn.Sequential(layer()), torch.nn.Sequential(layer())
     backends = []
     real = torch.nn.functional.scaled_dot_product_attention
 
     def spy(*args, **kwargs):
-        backends.append(torch._C._get_math_sdp_enabled() and not torch._C._get_flash_sdp_enabled())
+        backends.append(set(_cur_sdpa_kernel_backends()))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
-    outputs = {}
+    everything = set(_cur_sdpa_kernel_backends())
+    assert everything > {SDPBackend.MATH}
     for length in (cpu.MATH_ATTENTION_UP_TO, cpu.MATH_ATTENTION_UP_TO + 1):
         q, k, v = torch.randn(2, 6, length, 16), torch.randn(2, 2, length, 16), torch.randn(2, 2, length, 16)
-        before, _ = ALL_ATTENTION_FUNCTIONS["sdpa"](module, q, k, v, None)
-        with cpu.short_attention_in_math():
-            outputs[length] = ALL_ATTENTION_FUNCTIONS["sdpa"](module, q, k, v, None)[0]
-        torch.testing.assert_close(outputs[length], before)
-    assert backends == [False, True, False, False]
-    assert SDPBackend.MATH  # the backend the first call inside ran in
+        before, _ = ALL_ATTENTION_FUNCTIONS["sdpa"](policy[0], q, k, v, None)
+        with trl_patches.short_attention_in_math(policy, None):
+            inside = ALL_ATTENTION_FUNCTIONS["sdpa"](policy[0], q, k, v, None)[0]
+            ALL_ATTENTION_FUNCTIONS["sdpa"](other[0], q, k, v, None)
+        torch.testing.assert_close(inside, before)
+    # per length: before, the policy's layer inside, the other model's layer inside
+    assert backends == [everything, {SDPBackend.MATH}, everything, everything, everything, everything]
+    assert set(_cur_sdpa_kernel_backends()) == everything
 
 
 @pytest.mark.skipif(not cpu.packing_available(), reason="torch without oneDNN's packed linear kernels")

@@ -43,9 +43,9 @@ def recipe(write_recipe, *stages, **top) -> Path:
 def test_loss_is_the_reverse_kl_on_student_tokens_and_only_the_student_learns(write_recipe, tmp_path):
     rec = load_recipe(recipe(write_recipe, distill_stage()))
     stage = rec.stages[0]
-    from r1kit.trainers.training import resolve_model
+    from r1kit.models import resolve
 
-    ctx = StageContext(recipe=rec, stage=stage, dir=tmp_path / "run" / "distill", model=resolve_model("tiny:student", rec), datasets={})
+    ctx = StageContext(recipe=rec, stage=stage, dir=tmp_path / "run" / "distill", model=resolve("tiny:student", rec), datasets={})
     ctx.dir.mkdir(parents=True)
     trainer, _ = distill.build(ctx)
     student, teacher = trainer.model, trainer.teacher_model
@@ -80,6 +80,7 @@ def test_distill_stage_lowers_the_divergence_and_hands_on_the_student(write_reci
     path = recipe(write_recipe, distill_stage(trainer={**TRAINER, "max_steps": 12, "learning_rate": 5.0e-3}))
     done = pipeline.run(load_recipe(path))["distill"]
     assert done["input_model"].endswith("_models/tiny-student")
+    assert done["metrics"]["trainer_paths"] == {"r1kit_decoding_loop": "on"}  # the student samples with r1kit's loop
     config = json.loads((Path(done["model"]) / "config.json").read_text())
     assert config["num_hidden_layers"] == 1 and config["hidden_size"] == 64  # the student, not the teacher
     losses = [m["loss"] for m in metrics(tmp_path / "run") if "loss" in m]
@@ -96,7 +97,7 @@ def test_teacher_with_another_tokenizer_is_refused_before_any_model_loads(write_
     tokenizer.add_tokens(["<extra_token>"])
     tokenizer.save_pretrained(other)
     loaded = []
-    monkeypatch.setattr("trl.DistillationTrainer", lambda *a, **k: loaded.append(a))  # where the models would load
+    monkeypatch.setattr("r1kit.trainers.trl_overrides.DistillationTrainer", lambda *a, **k: loaded.append(a))  # where the models would load
     path = recipe(write_recipe, distill_stage(teacher=str(other)))
     assert main(["run", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
@@ -162,13 +163,13 @@ def test_shipped_distillation_recipes_validate(capsys):
 
 
 def test_tiny_models_are_checked_and_rebuilt_when_changed(write_recipe, tmp_path, capsys):
-    from r1kit.trainers.training import resolve_model
+    from r1kit.models import resolve
 
     bad = write_recipe({"model": "tiny", "tiny_models": {"student": {"hiden_size": 64}}, "stages": [distill_stage()]})
     assert main(["validate", str(bad)]) == 2
     assert "tiny_models.student: unknown key 'hiden_size' (did you mean 'hidden_size'?)" in capsys.readouterr().err
     rec = load_recipe(recipe(write_recipe, distill_stage()))
-    path = Path(resolve_model("tiny:student", rec))
+    path = Path(resolve("tiny:student", rec))
     assert json.loads((path / "config.json").read_text())["num_hidden_layers"] == 1
     rec.tiny_models["student"] = {**STUDENT, "num_layers": 2}
-    assert json.loads((Path(resolve_model("tiny:student", rec)) / "config.json").read_text())["num_hidden_layers"] == 2
+    assert json.loads((Path(resolve("tiny:student", rec)) / "config.json").read_text())["num_hidden_layers"] == 2

@@ -222,11 +222,13 @@ def test_an_interrupted_run_resumes_with_only_the_missing_problems(tmp_path, mon
     first = ScriptedSampler(fail_on_call=2)
     with pytest.raises(KeyboardInterrupt):
         ev.evaluate(bench, out, SETTINGS, model="m", sampler=lambda: first)
-    samples = out / "samples.jsonl"
-    assert len(samples.read_text().splitlines()) == 8 and not (out / "summary.json").exists()
-    with open(samples, "a") as f:  # a kill in the middle of the next problem's rows
-        f.write(json.dumps({"id": bench.problems[2].id, "sample": 0, "completion": "x", "answer": None, "correct": False, "tokens": 1, "truncated": False}) + "\n")
-        f.write('{"id": "' + bench.problems[2].id + '", "sam')
+    samples, journal = out / "samples.jsonl", out / "journal.jsonl"
+    # A header, then the first call's line: its 2 problems' 4 samples each; nothing merged yet.
+    assert [len(json.loads(line).get("records", [])) for line in journal.read_text().splitlines()] == [0, 8]
+    assert not samples.exists() and not (out / "summary.json").exists()
+    with open(journal, "a") as f:  # a kill in the middle of the next call's line
+        row = {"id": bench.problems[2].id, "sample": 0, "completion": "x", "answer": None, "correct": False, "tokens": 1, "truncated": False}
+        f.write('{"chunk": 1, "start": 2, "stop": 4, "records": [' + json.dumps(row) + ', {"id": "' + bench.problems[3].id + '", "sam')
 
     second = ScriptedSampler()
     summary = ev.evaluate(bench, out, SETTINGS, model="m", sampler=lambda: second)
@@ -258,12 +260,12 @@ def test_shards_of_a_distributed_eval_merge_into_the_single_process_rows(tmp_pat
     one = ScriptedSampler()
     assert ev.evaluate(bench, out, SETTINGS, model="m", sampler=lambda: one, shard=1, shards=2) is None
     assert one.prompts == [p.problem for p in bench.problems[2:4]] and not (out / "summary.json").exists()
-    assert len((out / "samples.shard1.jsonl").read_text().splitlines()) == 8
+    assert [len(json.loads(line).get("records", [])) for line in (out / "journal.shard1.jsonl").read_text().splitlines()] == [0, 8]
     merged = ScriptedSampler()
     assert ev.evaluate(bench, out, SETTINGS, model="m", sampler=lambda: merged) == expected
     assert merged.prompts == [p.problem for p in bench.problems[:2] + bench.problems[4:]]  # what shard 0 did not
     assert (out / "samples.jsonl").read_text() == (tmp_path / "ref" / "samples.jsonl").read_text()
-    assert not (out / "samples.shard1.jsonl").exists()
+    assert sorted(p.name for p in out.glob("*.jsonl")) == ["journal.jsonl", "journal.shard1.jsonl", "samples.jsonl"]
     later = ScriptedSampler()  # a benchmark after one of a single call, in one eval stage: its calls start at 1
     ev.evaluate(bench, tmp_path / "later", SETTINGS, model="m", sampler=lambda: later, shard=1, shards=2, first_call=1)
     assert later.prompts == [p.problem for p in bench.problems[:2] + bench.problems[4:]]

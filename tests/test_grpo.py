@@ -14,7 +14,6 @@ import torch
 from r1kit import pipeline
 from r1kit.cli import main
 from r1kit.recipe import load_recipe
-from r1kit.stages import grpo
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = {"source": "task:addition", "task": {"n": 80, "digits": 1}}
@@ -58,10 +57,13 @@ def accuracy_run(write_recipe, cold_start, tmp_path, out: str) -> tuple[dict, li
 def test_grpo_raises_accuracy_on_a_verifiable_task(write_recipe, cold_start, tmp_path, monkeypatch):
     """Rollouts by r1kit's decoding loop (the CPU default) and by TRL's own generation (as where
     the loop does not apply): with the same seed, the accuracy rises in both, by about as much."""
+    from r1kit.trainers import rollouts
 
     record, acc = accuracy_run(write_recipe, cold_start, tmp_path, "run")
-    monkeypatch.setattr(grpo, "decode_rollouts", lambda trainer: False)
-    _, trl_acc = accuracy_run(write_recipe, cold_start, tmp_path, "trl_run")
+    assert record["metrics"]["trainer_paths"]["r1kit_decoding_loop"] == "on"
+    monkeypatch.setattr(rollouts, "refusals", lambda trainer, **more: ["a test's say-so"])
+    trl_run, trl_acc = accuracy_run(write_recipe, cold_start, tmp_path, "trl_run")
+    assert trl_run["metrics"]["trainer_paths"]["r1kit_decoding_loop"] == "off: a test's say-so"
     rises = []
     for curve in (acc, trl_acc):
         first, last = sum(curve[:15]) / 15, sum(curve[-15:]) / 15
@@ -119,16 +121,18 @@ def test_rollouts_go_through_r1kits_loop_unless_it_cannot_draw_them(write_recipe
 def test_rollouts_leave_the_loop_where_generate_would_process_logits_beyond_temperature_and_top_p(
     grpo_trainer, fields, model_config, beyond
 ):
+    from r1kit.trainers import rollouts
+
     trainer = grpo_trainer(4, 2, 8, beta=0.0, **fields)
     for name, value in model_config.items():
         setattr(trainer.model.generation_config, name, value)
-    assert grpo.logits_processing_beyond_the_loop(trainer) == beyond
-    assert grpo.decode_rollouts(trainer) == (not beyond)
+    assert rollouts.logits_processing_beyond_the_loop(trainer) == beyond
+    assert rollouts.refusals(trainer) == beyond
 
 
 def test_rollouts_without_a_completion_length_come_from_trl(grpo_trainer):
     trainer = grpo_trainer(4, 2, None, beta=0.0)
-    assert not grpo.decode_rollouts(trainer)
+    assert trainer.paths["r1kit_decoding_loop"] == "off: no max_completion_length" and trainer.loop is None
 
 
 @pytest.mark.parametrize(
@@ -164,16 +168,16 @@ def varies_for_odd_answers(completions, *, answer, **columns):
 def test_dynamic_sampling_keeps_zero_signal_groups_out_of_the_loss(write_recipe, cold_start, tmp_path, monkeypatch):
     from transformers import AutoTokenizer
 
-    from r1kit.trainers.dynamic_sampling import DynamicSamplingGRPOTrainer
+    from r1kit.trainers.trl_overrides import GRPOTrainer
 
     seen = []
-    original = DynamicSamplingGRPOTrainer.compute_loss
+    original = GRPOTrainer.compute_loss
 
     def spy(self, model, inputs, *args, **kwargs):
         seen.append({k: inputs[k].clone() for k in ("prompt_ids", "prompt_mask", "advantages")})
         return original(self, model, inputs, *args, **kwargs)
 
-    monkeypatch.setattr(DynamicSamplingGRPOTrainer, "compute_loss", spy)
+    monkeypatch.setattr(GRPOTrainer, "compute_loss", spy)
     path = grpo_recipe(
         write_recipe,
         cold_start,
@@ -231,7 +235,7 @@ def test_reward_seconds_are_logged_per_step_and_reported(write_recipe, tiny_mode
 def test_dynamic_sampling_reads_signal_from_this_process_rewards():
     from types import SimpleNamespace
 
-    from r1kit.trainers.dynamic_sampling import DynamicSamplingGRPOTrainer
+    from r1kit.trainers.dynamic_sampling import DynamicSampling
 
     nan = float("nan")
     mine = torch.tensor([  # process 1's 5 groups of 2, two reward functions
@@ -243,10 +247,12 @@ def test_dynamic_sampling_reads_signal_from_this_process_rewards():
     ])
     others = torch.tensor([[0.0, 1.0], [1.0, 0.0]]).repeat(5, 1)  # process 0's rows, all with signal
     stub = SimpleNamespace(
-        accelerator=SimpleNamespace(process_index=1), num_generations=2, _rewards=torch.cat([others, mine]),
+        accelerator=SimpleNamespace(process_index=1), num_generations=2,
         reward_weights=torch.tensor([1.0, 0.2]), multi_objective_aggregation="sum_then_normalize",
     )
-    signal = DynamicSamplingGRPOTrainer._signal
+    sampling = DynamicSampling(max_rounds=1, seed=0)
+    sampling.rewards = torch.cat([others, mine])
+    signal = sampling.signal
     assert signal(stub, 10).tolist() == [False, True, True, False, False]
     stub.reward_weights = torch.tensor([1.0, 1.0])  # group 2's sums are now equal: no signal in the sum
     assert signal(stub, 10).tolist() == [False, True, False, False, False]
@@ -336,3 +342,52 @@ def test_trainer_config_checks_run_at_validate_time(write_recipe, tiny_model, ca
     assert "rl.trainer: generation_batch_size (6) must be divisible by num_generations (4)" in err
     assert err.count("\n") == 1 and not (tmp_path / "run").exists()
     assert main(["run", str(path)]) == 2 and not (tmp_path / "run").exists()  # run refuses before any stage
+
+
+def test_a_trl_whose_overridden_method_changed_stops_the_stage_in_one_line_before_any_model_loads(write_recipe, tiny_model, tmp_path, monkeypatch, capsys):
+    """r1kit's overrides are checked against the installed TRL: a method that takes other
+    parameters (as `_generate_single_turn` gained one between TRL releases) stops the stage with
+    one line naming it, before any model is loaded."""
+    import trl
+    from transformers import AutoModelForCausalLM
+
+    def changed(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False, tools=None):
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(trl.GRPOTrainer, "_generate_single_turn", changed)
+    loaded = []
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: loaded.append(a) or None)
+    path = grpo_recipe(write_recipe, tiny_model, [{"name": "math_accuracy"}])
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("r1kit: error: r1kit overrides trl.GRPOTrainer._generate_single_turn(self, prompt_ids, images, "
+                             "multimodal_fields, num_generations, has_tool_images=False), written against TRL 1.16; the installed TRL")
+    assert err[0].endswith("has (self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False, tools=None): "
+                           "install trl~=1.16.0 (pyproject.toml's range)")
+    assert loaded == [] and not (tmp_path / "run" / "rl" / "checkpoints").exists()
+
+
+def test_the_run_record_and_report_name_the_paths_a_grpo_stage_took(write_recipe, tiny_model, tmp_path):
+    """DONE.json records which of r1kit's paths trained the model, and why not where not; the
+    report shows them."""
+    path = grpo_recipe(write_recipe, tiny_model, [{"name": "math_accuracy"}], share_prompts=True,
+                       trainer={"beta": 0.0, "max_steps": 1})
+    assert main(["run", str(path)]) == 0
+    done = json.loads((tmp_path / "run" / "rl" / "DONE.json").read_text())
+    assert done["metrics"]["trainer_paths"] == {
+        "tool_rollouts": "off: no tools",
+        "r1kit_decoding_loop": "on",
+        "zero_advantage_skip": "on",
+        "shared_prompts": "on",
+        "dynamic_sampling": "off: not asked",
+        "whole_vocab_log_probs": "on",
+        "short_attention_in_math": "on",
+    }
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "| rl | r1kit_decoding_loop | on |" in report and "| rl | dynamic_sampling | off: not asked |" in report
+    path = grpo_recipe(write_recipe, tiny_model, [{"name": "math_accuracy"}], trainer={"max_steps": 1, "top_k": 5})
+    assert main(["run", str(path), "--restart-from", "rl"]) == 0
+    paths = json.loads((tmp_path / "run" / "rl" / "DONE.json").read_text())["metrics"]["trainer_paths"]
+    assert paths["r1kit_decoding_loop"] == "off: TopKLogitsWarper"
+    assert paths["zero_advantage_skip"] == "off: beta 0.001 (a KL term moves every completion)"

@@ -15,8 +15,8 @@ import sys
 import pytest
 import torch
 
+import r1kit.hardware
 import r1kit.trainers.lora
-import r1kit.trainers.training
 from r1kit import pipeline
 from r1kit.cli import main
 from r1kit.recipe import load_recipe
@@ -178,7 +178,7 @@ def test_bad_peft_and_quantization_blocks_are_refused(write_recipe, tmp_path, ca
 
 
 def test_qlora_is_refused_on_a_machine_without_cuda(write_recipe, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(r1kit.trainers.training, "has_gpu", lambda: False)
+    monkeypatch.setattr(r1kit.hardware, "has_gpu", lambda: False)
     path = write_recipe({"model": "tiny", "stages": [grpo(quantization={"load_in_4bit": True, "bnb_4bit_quant_type": "nf4"})]})
     assert main(["validate", str(path)]) == 0  # written for a GPU machine: validate notes it
     assert "note: not runnable on this machine" in capsys.readouterr().err

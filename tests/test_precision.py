@@ -122,7 +122,7 @@ def test_grpo_on_a_bf16_cpu_autocasts_its_rollouts_unless_the_recipe_says_no(wri
     from r1kit.sampling import decode as decode_lib
 
     regions = []
-    original = decode_lib.decode  # the rollouts' decoding loop (r1kit.stages.grpo.decode_rollouts)
+    original = decode_lib.decode  # the rollouts' decoding loop (r1kit.trainers.rollouts.loop_step)
 
     def spy(*args, **kwargs):
         regions.append(torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
@@ -135,14 +135,14 @@ def test_grpo_on_a_bf16_cpu_autocasts_its_rollouts_unless_the_recipe_says_no(wri
     assert regions and all(r is expected for r in regions)  # one region around each rollout batch
 
 
-def test_autocast_rollouts_cast_each_weight_once_per_batch():
+def test_the_generation_region_casts_each_weight_once_per_batch():
     """Inside the outer region, the nested per-forward regions (as accelerate wraps each forward)
     reuse the cast weight: 3 forwards cast it once (and their 3 inputs); alone, 3 times."""
     from types import SimpleNamespace
 
     from torch.profiler import profile
 
-    from r1kit.stages.grpo import autocast_rollouts
+    from r1kit.trainers.rollouts import generation_region
 
     weight = torch.nn.Parameter(torch.randn(8, 8))
 
@@ -158,11 +158,16 @@ def test_autocast_rollouts_cast_each_weight_once_per_batch():
             run(3)
         return sum(e.count for e in prof.key_averages() if e.key == "aten::_to_copy")
 
-    trainer = SimpleNamespace(_generate_single_turn=generate)
-    autocast_rollouts(trainer)
+    def in_one_region(steps):
+        with generation_region(trainer):
+            generate(steps)
+
+    trainer = SimpleNamespace(args=SimpleNamespace(bf16=True), accelerator=SimpleNamespace(device=torch.device("cpu")))
     assert casts(generate) == 6
-    assert casts(trainer._generate_single_turn) == 4
+    assert casts(in_one_region) == 4
     assert not torch.is_autocast_enabled("cpu")
+    trainer.args.bf16 = False  # no region of its own without bf16
+    assert casts(in_one_region) == 6
 
 
 @pytest.mark.parametrize("options, expected", [({}, torch.bfloat16), ({"dtype": "float32"}, torch.float32)])
@@ -187,7 +192,7 @@ def test_vllm_sampler_is_asked_for_bfloat16_on_a_bf16_cpu(wide_model, bf16_cpu, 
     seen = {}
 
     class Engine:
-        def __init__(self, model, **options):
+        def __init__(self, model, *, world, **options):
             seen.update(options)
 
     monkeypatch.setattr(vllm_backend, "VLLMSampler", Engine)

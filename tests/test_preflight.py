@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+import r1kit.hardware
 import r1kit.sampling
-import r1kit.trainers.training
 from r1kit.evaluation import benchmarks
 from r1kit.cli import main
 
@@ -46,7 +46,7 @@ REJECTION = {"name": "rs", "kind": "rejection", "data": {"source": "task:additio
     ],
 )
 def test_what_the_machine_lacks_is_noted_by_validate_and_refused_by_run(write_recipe, tmp_path, monkeypatch, capsys, stage, lacking, expected):
-    monkeypatch.setattr(r1kit.trainers.training, "has_gpu", lambda: lacking not in ("gpu", "bf16"))
+    monkeypatch.setattr(r1kit.hardware, "has_gpu", lambda: lacking not in ("gpu", "bf16"))
     if lacking == "vllm":
         monkeypatch.setattr(r1kit.sampling, "vllm_available", lambda: False)
     monkeypatch.setattr("r1kit.hardware.precision.native_bf16", lambda cpuinfo=None: lacking != "bf16")
@@ -62,7 +62,7 @@ def test_what_the_machine_lacks_is_noted_by_validate_and_refused_by_run(write_re
 
 
 def test_a_machine_that_has_everything_notes_nothing(write_recipe, monkeypatch, capsys):
-    monkeypatch.setattr(r1kit.trainers.training, "has_gpu", lambda: True)
+    monkeypatch.setattr(r1kit.hardware, "has_gpu", lambda: True)
     monkeypatch.setattr(r1kit.sampling, "vllm_available", lambda: True)
     path = write_recipe({"model": "tiny", "stages": [grpo(use_vllm=True, bf16=False), {**REJECTION, "backend": "vllm"}]})
     assert main(["validate", "--here", str(path)]) == 0
@@ -74,8 +74,14 @@ def test_bfloat16_a_recipe_asks_for_is_refused_only_where_it_would_be_emulated(w
     from r1kit.hardware.precision import emulated_bf16
     from r1kit.recipe import load_recipe
 
-    asks = load_recipe(write_recipe({"model": "tiny", "stages": [grpo(bf16=True)]}))
-    leaves = load_recipe(write_recipe({"model": "tiny", "stages": [grpo(), grpo(bf16=False) | {"name": "rl2"}]}, "other.yaml"))
+    from r1kit import stages
+
+    def settings(recipe):  # each stage kind's settings that may ask for bfloat16
+        return {stage.name: stages.get(stage.kind).bf16(stage) for stage in recipe.stages}
+
+    asks = settings(load_recipe(write_recipe({"model": "tiny", "stages": [grpo(bf16=True)]})))
+    leaves = settings(load_recipe(write_recipe({"model": "tiny", "stages": [grpo(), grpo(bf16=False) | {"name": "rl2"}]}, "other.yaml")))
+    assert asks == {"rl": {"trainer.bf16": True, "trainer.model_init_kwargs.dtype": False}}
     for gpu, native, expected in [(False, False, 1), (False, True, 0), (True, False, 0)]:
         monkeypatch.setattr("r1kit.hardware.precision.native_bf16", lambda cpuinfo=None: native)
         assert len(emulated_bf16(asks, gpu)) == expected and emulated_bf16(leaves, gpu) == []

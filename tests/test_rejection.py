@@ -249,6 +249,7 @@ def test_a_journal_of_another_number_of_processes_resumes(write_recipe, cold_sta
     """Process 1 of a 2-process run journals its shard (chunks 1, 3, 5) and the run ends; a
     single process resumes from that journal, samples only chunks 0, 2, 4, and writes what an
     uninterrupted single-process run writes."""
+    from r1kit.hardware import World
     from r1kit.stages import StageContext
     from r1kit.stages.rejection import run
 
@@ -258,7 +259,8 @@ def test_a_journal_of_another_number_of_processes_resumes(write_recipe, cold_sta
     path = write_recipe({"model": str(cold_start), "output_dir": str(tmp_path / "run"), "stages": [rej]}, "run.yaml")
     recipe, out = load_recipe(path), tmp_path / "run" / "rej"
     out.mkdir(parents=True)
-    ctx = StageContext(recipe=recipe, stage=recipe.stages[0], dir=out, model=str(cold_start), datasets={}, is_main=False, rank=1, world=2)
+    ctx = StageContext(recipe=recipe, stage=recipe.stages[0], dir=out, model=str(cold_start), datasets={},
+                       processes=World(rank=1, world=2, local_rank=1, local_world=2))
     assert run(ctx).dataset is None  # not the main process: it merges nothing
     assert [json.loads(line).get("chunk") for line in (out / "journal.shard1.jsonl").read_text().splitlines()] == [None, 1, 3, 5]
     assert not (out / "journal.jsonl").exists()

@@ -118,21 +118,24 @@ def test_generation_shards_follow_the_engines(monkeypatch):
     import torch
 
     from r1kit.errors import RecipeError
+    from r1kit.hardware import World
     from r1kit.sampling import shard_of
     from r1kit.sampling.vllm_backend import engine_gpus
 
-    assert [shard_of(r, 2, "transformers") for r in (0, 1)] == [(0, 2), (1, 2)]
-    assert shard_of(0, 1, "vllm") == (0, 1)
+    def process(rank: int, world: int, local_world: int) -> World:
+        return World(rank=rank, world=world, local_rank=rank % local_world, local_world=local_world)
+
+    assert [shard_of(process(r, 2, 2), "transformers") for r in (0, 1)] == [(0, 2), (1, 2)]
+    assert shard_of(World(), "vllm") == (0, 1)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
-    tp4 = [shard_of(r, 16, "vllm", {"tensor_parallel_size": 4}) for r in range(16)]
+    tp4 = [shard_of(process(r, 16, 8), "vllm", {"tensor_parallel_size": 4}) for r in range(16)]
     assert tp4 == [(0, 4), (1, 4)] + [(None, 4)] * 6 + [(2, 4), (3, 4)] + [(None, 4)] * 6
-    assert [shard_of(r, 16, "vllm")[0] for r in range(16)] == list(range(16))  # one GPU an engine
+    assert [shard_of(process(r, 16, 8), "vllm")[0] for r in range(16)] == list(range(16))  # one GPU an engine
     assert engine_gpus(1, 4, [str(i) for i in range(8)]) == ["4", "5", "6", "7"]
     with pytest.raises(RecipeError, match="tensor_parallel_size: 16 GPUs per engine, but a node has 8"):
-        shard_of(0, 16, "vllm", {"tensor_parallel_size": 16})
+        shard_of(process(0, 16, 8), "vllm", {"tensor_parallel_size": 16})
 
 
 def peaked_and_wide(vocab: int):

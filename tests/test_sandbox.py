@@ -367,7 +367,7 @@ def test_without_root_the_fallbacks_still_decide_and_block_sockets():
     try:
         readable.chmod(0o755)
         for name in ("sandbox.py", "sandbox_server.py"):  # the module and the fork server it starts
-            shutil.copy(Path(__file__).parents[1] / "r1kit" / name, readable / name)
+            shutil.copy(Path(__file__).parents[1] / "r1kit" / "execution" / name, readable / name)
             (readable / name).chmod(0o644)
         script = FALLBACK.format(path=str(readable / "sandbox.py"), sources=sources)
         out = subprocess.run([python, "-c", script], user=nobody, group=nobody, extra_groups=[], cwd="/",
@@ -410,13 +410,12 @@ def test_run_program_reports_the_exit_status_and_marks_only_a_finished_program(t
 
 def test_processes_of_a_distributed_run_on_one_node_take_disjoint_uids(monkeypatch):
     """Each process of a node draws its per-run uids from its own part of the pool, so two
-    processes judging at once never share a uid (RLIMIT_NPROC, the kill of a run's leftovers)."""
-    pools = []
-    for rank in range(3):
-        monkeypatch.setenv("LOCAL_RANK", str(rank))
-        monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
-        sandbox._uid_pool.cache_clear()
-        pools.append(sandbox._uid_pool()[:2])
-    sandbox._uid_pool.cache_clear()
+    processes judging at once never share a uid (RLIMIT_NPROC, the kill of a run's leftovers).
+    The part follows the World the sandbox is given, not the environment."""
+    from r1kit.hardware import World
+
+    for name in ("LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.setenv(name, "not read")
+    pools = [sandbox._uid_pool(World(rank=rank, world=3, local_rank=rank, local_world=3))[:2] for rank in range(3)]
     assert all(lo < hi for lo, hi in pools)
     assert pools[0][1] <= pools[1][0] and pools[1][1] <= pools[2][0]

@@ -6,8 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from r1kit.hardware import cpu
-from r1kit.trainers.shared_prompts import score_prompts_once
+import trl
+
+from r1kit.trainers.trl_overrides import Features
+from r1kit.trainers.trl_patches import log_probs_on_cpu
+
+SHARE = Features(skip_zero_advantage=False, share_prompts=True)
 
 PROMPT, COMPLETION = 9, 6
 
@@ -35,11 +39,13 @@ def first_layer(trainer):
     return model.model.layers[0]
 
 
-def score(trainer, ids, mask, completion_mask, **kwargs):
-    """Log-probabilities, entropies and every parameter's gradient of their masked sum."""
+def score(trainer, ids, mask, completion_mask, trls: bool = False, **kwargs):
+    """Log-probabilities, entropies and every parameter's gradient of their masked sum, by the
+    trainer's scoring (TRL's own one-pass forward with `trls`)."""
     model = trainer.model
     model.zero_grad()
-    logps, entropies, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, COMPLETION, compute_entropy=True, **kwargs)
+    scoring = trl.GRPOTrainer._get_per_token_logps_and_entropies.__get__(trainer) if trls else trainer._get_per_token_logps_and_entropies
+    logps, entropies, _ = scoring(model, ids, mask, COMPLETION, compute_entropy=True, **kwargs)
     ((logps + 0.1 * entropies) * completion_mask).sum().backward()
     m = completion_mask.bool()
     return logps[m], entropies[m], {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -50,13 +56,13 @@ def test_prompts_scored_once_give_the_one_pass_log_probs_entropies_and_gradients
     from peft import LoraConfig
 
     peft_config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM") if lora else None
-    trainer = grpo_trainer(4, 2, COMPLETION, peft_config=peft_config, bf16=bf16)
+    trainer = grpo_trainer(4, 2, COMPLETION, peft_config=peft_config, features=SHARE, bf16=bf16)
+    assert trainer.paths["shared_prompts"] == "on"
     ids, mask, completion_mask = batch(trainer.model.config.vocab_size, prompts=3, per_prompt=4)
-    with cpu.log_probs_on_cpu():
-        one_pass = score(trainer, ids, mask, completion_mask)
+    with log_probs_on_cpu():
+        one_pass = score(trainer, ids, mask, completion_mask, trls=True)
         seen = []
         hook = first_layer(trainer).register_forward_pre_hook(lambda m, args: seen.append(tuple(args[0].shape[:2])))
-        assert score_prompts_once(trainer)
         shared = score(trainer, ids, mask, completion_mask, batch_size=12)
         hook.remove()
     # 3 prompts (all but their last token) once, then 12 rows from each prompt's last token on
@@ -70,12 +76,11 @@ def test_prompts_scored_once_give_the_one_pass_log_probs_entropies_and_gradients
 
 
 def test_distinct_prompts_take_the_one_pass_forward_and_chunks_share_their_own_prompts(grpo_trainer):
-    trainer = grpo_trainer(4, 2, COMPLETION)
-    assert score_prompts_once(trainer)
+    trainer = grpo_trainer(4, 2, COMPLETION, features=SHARE)
     seen = []
     first_layer(trainer).register_forward_pre_hook(lambda m, args: seen.append(tuple(args[0].shape[:2])))
     ids, mask, completion_mask = batch(trainer.model.config.vocab_size, prompts=4, per_prompt=1)
-    with cpu.log_probs_on_cpu():
+    with log_probs_on_cpu():
         score(trainer, ids, mask, completion_mask)
         assert seen == [(4, PROMPT + COMPLETION)]
         seen.clear()
@@ -85,21 +90,22 @@ def test_distinct_prompts_take_the_one_pass_forward_and_chunks_share_their_own_p
 
 
 def test_gradient_checkpointing_keeps_the_one_pass_forward_and_says_so(grpo_trainer, caplog):
-    with caplog.at_level("WARNING", logger="r1kit.trainers.shared_prompts"):
-        assert not score_prompts_once(grpo_trainer(4, 2, COMPLETION, gradient_checkpointing=True))
-    assert "share_prompts: each completion is scored with its prompt, as TRL does: gradient checkpointing" in caplog.text
+    with caplog.at_level("INFO", logger="r1kit.trainers.trl_overrides"):
+        trainer = grpo_trainer(4, 2, COMPLETION, features=SHARE, gradient_checkpointing=True)
+    assert trainer.paths["shared_prompts"] == "off: gradient checkpointing recomputes the forward pass"
+    assert "shared_prompts off: gradient checkpointing recomputes the forward pass" in caplog.text
 
 
-def test_a_grpo_stage_scores_prompts_once_only_when_its_recipe_asks(tiny_model, write_recipe, tmp_path, monkeypatch):
+def test_a_grpo_stage_scores_prompts_once_only_when_its_recipe_asks(tiny_model, write_recipe, tmp_path):
+    import json
+
     from r1kit import pipeline
     from r1kit.recipe import load_recipe
-    from r1kit.stages import grpo
 
-    asked = []
-    monkeypatch.setattr(grpo, "score_prompts_once", lambda trainer: asked.append(trainer) or score_prompts_once(trainer))
     for share in (False, True):
         stage = {"name": "rl", "kind": "grpo", "template": "plain", "share_prompts": share,
                  "data": {"source": "task:addition", "task": {"n": 8, "digits": 1}}, "rewards": [{"name": "math_accuracy"}],
                  "trainer": {"max_steps": 1, "per_device_train_batch_size": 4, "num_generations": 2, "max_completion_length": 4}}
         pipeline.run(load_recipe(write_recipe({"model": str(tiny_model), "output_dir": str(tmp_path / str(share)), "stages": [stage]})))
-        assert len(asked) == int(share)
+        done = json.loads((tmp_path / str(share) / "rl" / "DONE.json").read_text())
+        assert done["metrics"]["trainer_paths"]["shared_prompts"] == ("on" if share else "off: not asked")

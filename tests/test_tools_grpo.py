@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from r1kit.errors import RecipeError
-from r1kit.stages.grpo import tool_rollouts
+from r1kit.trainers.rollouts import tool_rollout_func
 from r1kit.execution.tools import Tool, ToolConfig, output_block
 
 TURNS = ["<think> ```python\nprint(6 * 7)\n```\n", " </think> <answer> 42 </answer>"]
@@ -45,7 +45,9 @@ def scripted_decode(tokenizer, turns=TURNS):
 def tool_trainer(tiny_model, tmp_path, monkeypatch):
     from datasets import Dataset
     from transformers import AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
+
+    from r1kit.trainers.trl_overrides import Features, GRPOTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model, padding_side="left")
     monkeypatch.setattr("r1kit.sampling.decode.decode", scripted_decode(tokenizer))
@@ -53,8 +55,9 @@ def tool_trainer(tiny_model, tmp_path, monkeypatch):
                         max_completion_length=96, gradient_checkpointing=False, beta=0.0)
     reward = lambda completions, **kw: [float("42" in c.rsplit("</think>", 1)[-1]) for c in completions]  # noqa: E731
     trainer = GRPOTrainer(model=str(tiny_model), reward_funcs=[reward], args=config, processing_class=tokenizer,
-                          train_dataset=Dataset.from_list([{"prompt": "What is 6 * 7?"}] * 4))
-    tool_rollouts(trainer, [Tool(ToolConfig(name="python"))])
+                          train_dataset=Dataset.from_list([{"prompt": "What is 6 * 7?"}] * 4),
+                          features=Features(skip_zero_advantage=False, tools=[Tool(ToolConfig(name="python"))]))
+    assert trainer.paths["tool_rollouts"] == "on: r1kit's decoding loop"
     return trainer
 
 
@@ -148,7 +151,7 @@ def test_with_vllm_the_turns_stop_at_the_fence_and_run_on_one_process(tiny_model
         vllm_generation=Engine(), max_completion_length=96, model=SimpleNamespace(training=True), _metrics={"train": {}, "eval": {}},
     )
     trainer._metrics["train"] = __import__("collections").defaultdict(list)
-    tool_rollouts(trainer, [Tool(ToolConfig(name="python"))])
+    trainer.rollout_func = tool_rollout_func(trainer, [Tool(ToolConfig(name="python"))], loop=False)
     assert trainer.vllm_generation.generation_kwargs == {"repetition_penalty": 1.0, "stop": ["\n```\n"], "include_stop_str_in_output": True}
     out = trainer.rollout_func(["What is 6 * 7?"] * 2, trainer)
     assert [a[:2] for a in asked] == [(2, 1), (2, 1)]  # each rollout alone, a turn per call
@@ -157,7 +160,7 @@ def test_with_vllm_the_turns_stop_at_the_fence_and_run_on_one_process(tiny_model
 
     trainer.accelerator.num_processes = 2
     with pytest.raises(RecipeError, match="tools with use_vllm run on one process"):
-        tool_rollouts(trainer, [Tool(ToolConfig(name="python"))])
+        tool_rollout_func(trainer, [Tool(ToolConfig(name="python"))], loop=False)
 
 
 def test_importance_sampling_correction_is_refused_with_tools(write_recipe, capsys):

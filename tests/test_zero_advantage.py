@@ -4,11 +4,15 @@ zero-advantage completions really add nothing."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
+import trl
 
-from r1kit.hardware import cpu
-from r1kit.trainers.zero_advantage import skip_zero_advantage
+from r1kit.errors import RecipeError
+from r1kit.trainers import trl_overrides, trl_patches
+from r1kit.trainers.trl_overrides import Features
 
 PROMPT, COMPLETION, ROWS = 5, 6, 8
 
@@ -41,16 +45,18 @@ def inputs(vocab: int, advantages: list[float]) -> dict:
     }
 
 
-def loss_and_gradients(trainer, batch, rows_seen: list[int]):
-    """TRL's loss as its training step computes it (in the trainer's autocast, through r1kit's
-    log-probabilities on a CPU), and every trainable weight's gradient."""
+def loss_and_gradients(trainer, batch, rows_seen: list[int], trls: bool = False):
+    """The trainer's loss (TRL's own with `trls`) as its training step computes it (in the
+    trainer's autocast, through r1kit's log-probabilities on a CPU), and every trainable weight's
+    gradient."""
     model = trainer.model
     model.zero_grad(set_to_none=True)
     layers = (model.get_base_model() if hasattr(model, "get_base_model") else model).model.layers
     hook = layers[0].register_forward_pre_hook(lambda module, args: rows_seen.append(args[0].size(0)))
     try:
-        with cpu.log_probs_on_cpu(), trainer.compute_loss_context_manager():
-            loss = trainer._compute_loss(model, batch)
+        compute = functools.partial(trl.GRPOTrainer._compute_loss, trainer) if trls else trainer._compute_loss
+        with trl_patches.log_probs_on_cpu(), trainer.compute_loss_context_manager():
+            loss = compute(model, batch)
     finally:
         hook.remove()
     loss.backward()
@@ -68,11 +74,12 @@ def test_the_loss_on_rows_with_signal_is_trls_loss_with_its_gradients(grpo_train
     from peft import LoraConfig
 
     peft_config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM") if lora else None
-    trainer = training(grpo_trainer(ROWS, 4, COMPLETION, peft_config=peft_config, beta=0.0, loss_type=loss_type, bf16=bf16))
+    trainer = training(grpo_trainer(ROWS, 4, COMPLETION, peft_config=peft_config, features=Features(), beta=0.0,
+                                    loss_type=loss_type, bf16=bf16))
     batch = inputs(trainer.model.config.vocab_size, SOME_ZERO)
     seen_by_trl: list[int] = []
-    trl_loss, trl_grads = loss_and_gradients(trainer, batch, seen_by_trl)
-    assert skip_zero_advantage(trainer)
+    trl_loss, trl_grads = loss_and_gradients(trainer, batch, seen_by_trl, trls=True)
+    assert trainer.paths["zero_advantage_skip"] == "on"
     seen: list[int] = []
     loss, grads = loss_and_gradients(trainer, batch, seen)
     assert seen_by_trl == [ROWS] and seen == [3]
@@ -87,11 +94,11 @@ def test_the_loss_on_rows_with_signal_is_trls_loss_with_its_gradients(grpo_train
 
 
 def test_a_batch_without_signal_skips_the_model_and_leaves_zero_gradients_as_trl_does(grpo_trainer):
-    trainer = training(grpo_trainer(ROWS, 4, COMPLETION, beta=0.0))
+    trainer = training(grpo_trainer(ROWS, 4, COMPLETION, features=Features(), beta=0.0))
     batch = inputs(trainer.model.config.vocab_size, [0.0] * ROWS)
     seen_by_trl: list[int] = []
-    trl_loss, trl_grads = loss_and_gradients(trainer, batch, seen_by_trl)
-    assert skip_zero_advantage(trainer)
+    trl_loss, trl_grads = loss_and_gradients(trainer, batch, seen_by_trl, trls=True)
+    assert trainer.paths["zero_advantage_skip"] == "on"
     seen: list[int] = []
     loss, grads = loss_and_gradients(trainer, batch, seen)
     assert seen == [] and loss.item() == trl_loss.item() == 0.0
@@ -100,12 +107,33 @@ def test_a_batch_without_signal_skips_the_model_and_leaves_zero_gradients_as_trl
     assert trainer._metrics["train"]["zero_advantage/skipped"] == [1.0]
 
 
-@pytest.mark.parametrize("args", [{"beta": 0.04}, {"entropy_coef": 0.01}, {"top_entropy_quantile": 0.2}], ids=["kl", "entropy-bonus", "entropy-mask"])
-def test_terms_that_move_zero_advantage_rows_keep_trls_loss_over_every_row(grpo_trainer, args):
-    trainer = training(grpo_trainer(ROWS, 4, COMPLETION, **{"beta": 0.0, **args}))
-    compute_loss = trainer._compute_loss
-    assert not skip_zero_advantage(trainer)
-    assert trainer._compute_loss == compute_loss
+@pytest.mark.parametrize(("args", "why"), [({"beta": 0.04}, "beta 0.04 (a KL term moves every completion)"),
+                                           ({"entropy_coef": 0.01}, "an entropy bonus"),
+                                           ({"top_entropy_quantile": 0.2}, "a high-entropy token mask")],
+                         ids=["kl", "entropy-bonus", "entropy-mask"])
+def test_terms_that_move_zero_advantage_rows_keep_trls_loss_over_every_row(grpo_trainer, args, why):
+    trainer = training(grpo_trainer(ROWS, 4, COMPLETION, features=Features(), **{"beta": 0.0, **args}))
+    assert trainer.paths["zero_advantage_skip"] == f"off: {why}"
+    batch = inputs(trainer.model.config.vocab_size, SOME_ZERO)
+    batch["ref_per_token_logps"] = batch["old_per_token_logps"] - 0.1  # the KL term's reference
+    seen: list[int] = []
+    loss_and_gradients(trainer, batch, seen)
+    assert seen == [ROWS] and "zero_advantage/skipped" not in trainer._metrics["train"]
+
+
+def test_a_trl_that_no_longer_sets_an_attribute_a_path_reads_stops_the_trainer_in_one_line(grpo_trainer, monkeypatch):
+    """The guards read TRL's attributes directly: a renamed flag stops the stage instead of taking
+    the skip unguarded (as a `getattr` with a default would)."""
+    init = trl.GRPOTrainer.__init__
+
+    def without_the_flag(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        del self._entropy_bonus_enabled
+
+    monkeypatch.setattr(trl.GRPOTrainer, "__init__", without_the_flag)
+    with pytest.raises(RecipeError, match=r"^r1kit reads GRPOTrainer._entropy_bonus_enabled, which the installed TRL") as e:
+        grpo_trainer(ROWS, 4, COMPLETION, features=Features(), beta=0.0)
+    assert "\n" not in str(e.value) and trl_overrides.WRITTEN_AGAINST in str(e.value)
 
 
 def test_a_grpo_stage_logs_the_share_of_completions_it_left_out(tiny_model, write_recipe, tmp_path):

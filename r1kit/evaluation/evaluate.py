@@ -41,11 +41,13 @@ The figures are computed by r1kit.evaluation.metrics; the command line is r1kit.
 
 The output folder holds ``settings.json`` (what was asked), ``samples.jsonl`` (one row per
 sample: id, sample, completion, correct, tokens, truncated, and the extracted answer for math or
-the failure reason and tests passed for code) and ``summary.json`` (written atomically at the
-end; for code it records the sandbox limits). Each finished problem's samples are appended and synced, so a
-killed run resumes: finished problems are kept, a half-written tail is cut off, the rest runs.
-The eval stage of a distributed run shares the problems among its processes (`evaluate`'s
-``shard`` and ``shards``): each appends to a file of its own, which the main process merges.
+the failure reason and tests passed for code) and ``summary.json`` (both written atomically at the
+end; for code the summary records the sandbox limits). The problems are sampled as a job of
+r1kit.sampling.jobs: each generate call's rows are one line of ``journal.jsonl``, appended and
+synced, so a killed run resumes: finished calls are kept, a half-written line is cut off, the rest
+runs, seeded as in an uninterrupted run (each call by its first problem's position). The eval
+stage of a distributed run shares the calls among its processes (`evaluate`'s ``shard`` and
+``shards``): each journals into a file of its own, which the main process merges.
 
 With tools (``--tools python``, or ``tools: [python]`` in an eval stage) each sample may run code
 as it reasons (r1kit.execution.tools); samples.jsonl keeps each whole transcript and its ``tool_calls``, and
@@ -60,8 +62,7 @@ limits and checker, and the summary adds ``rating``, the rating the model's solv
 (r1kit.evaluation.codeforces), and with ``--rating-table`` its ``percentile``. Several benchmarks and one
 table beside published figures: ``r1kit eval --suite r1`` (r1kit.evaluation.suite).
 
-Not here: LLM judges, proofs, interactive problems. A resumed run samples the remaining problems
-with other random streams than an uninterrupted run would.
+Not here: LLM judges, proofs, interactive problems.
 """
 
 from __future__ import annotations
@@ -76,9 +77,10 @@ from typing import Any, Callable
 
 from r1kit.evaluation.benchmarks import Benchmark
 from r1kit.errors import EvalError, RecipeError
-from r1kit.files import append_synced, complete_lines, shard_file, shard_files, write_atomic
-from r1kit.evaluation.metrics import score, summarize
-from r1kit.sampling.base import SamplingConfig
+from r1kit.files import atomic_file, write_atomic
+from r1kit.evaluation.metrics import runs_code, score, summarize
+from r1kit.sampling.base import Completion, Sampler, SamplingConfig, SamplingParams
+from r1kit.sampling.jobs import Chunk, Job, Request
 from r1kit.execution.sandbox import Limits
 from r1kit.templates import Prompting
 from r1kit.text import FALLBACKS, Fallback, opens_think
@@ -159,26 +161,6 @@ def _claim(out: Path, settings: dict) -> None:
 SAMPLES = "samples.jsonl"
 
 
-def read_samples(out: Path, bench: Benchmark, k: int, shard: int = 0) -> list[dict]:
-    """Rows of problems with all k samples, from the files of every shard in `out` (a problem
-    complete in two counts once); this process's own file (`shard`'s) loses a partial last line
-    and the rows of unfinished problems."""
-    ids = {p.id for p in bench.problems}
-    rows, seen = [], set()
-    for path in shard_files(out, SAMPLES):
-        lines, partial = complete_lines(path)
-        found = [json.loads(line) for line in lines if line.strip()]
-        counts = Counter(r["id"] for r in found)
-        keep = [r for r in found if counts[r["id"]] == k]
-        if path == shard_file(out, SAMPLES, shard) and (partial or len(keep) != len(found)):
-            log.info("%s: dropped %d rows of unfinished problems", path, len(found) - len(keep) + (partial > 0))
-            write_atomic(path, "".join(json.dumps(r) + "\n" for r in keep))
-        new = {r["id"] for r in keep} - seen
-        rows += [r for r in keep if r["id"] in new and r["id"] in ids]
-        seen |= new
-    return rows
-
-
 def limits(settings: Protocol) -> Limits:
     """The sandbox limits of one code run."""
     return Limits(wall_s=settings.code_timeout, cpu_s=settings.code_timeout, memory_mb=settings.code_memory_mb)
@@ -190,7 +172,7 @@ def _finish(out: Path, bench: Benchmark, rows: list[dict], k: int, head: dict, s
         summary["task_args"] = bench.config["task_args"]  # what decided a task benchmark's problems
     if "choice_seed" in bench.config:
         summary["choice_seed"] = bench.config["choice_seed"]  # the order the choices were shown in
-    if bench.domain != "math":
+    if runs_code(bench):
         summary["sandbox"] = dataclasses.asdict(sandbox)
     summary.update(summarize(bench, rows, k))
     write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
@@ -198,12 +180,37 @@ def _finish(out: Path, bench: Benchmark, rows: list[dict], k: int, head: dict, s
 
 
 SEQUENCES_PER_CALL = 512
-"""Samples per generate call: each call's problems are written when it returns."""
+"""Samples per generate call: each call's problems are journaled when it returns."""
 
 
 def calls(bench: Benchmark, samples: int) -> int:
     """How many generate calls `bench` takes at `samples` per problem."""
     return -(-len(bench.problems) // max(1, SEQUENCES_PER_CALL // samples))
+
+
+class Problems:
+    """A benchmark's side of its sampling job (r1kit.sampling.jobs.Work): a chunk's problems,
+    rendered with the backend's tokenizer, and their samples.jsonl rows."""
+
+    def __init__(self, bench: Benchmark, settings: Settings, shard: int, shards: int):
+        self.bench, self.settings, self.shard, self.shards = bench, settings, shard, shards
+
+    def request(self, chunk: Chunk, sampler: Sampler) -> Request:
+        from r1kit import templates
+
+        s = self.settings
+        prompts = [templates.render(s.template, p.problem, sampler.tokenizer, s.think_prefill) for p in self.bench.problems[chunk.start : chunk.stop]]
+        # Seeded by the call's first position, so a rerun of the same call samples the same.
+        return Request(prompts, s.samples, SamplingParams(s.temperature, s.top_p, s.max_tokens, s.seed + chunk.start), s.load_tools() or None)
+
+    def records(self, chunk: Chunk, request: Request, completions: list[list[Completion]], sampler: Sampler) -> list[dict]:
+        problems = self.bench.problems
+        # A prompt that opens <think> (think_prefill, or the template's own) leaves each completion inside it.
+        opened = [opens_think(p) for p in request.prompts]
+        rows = score(problems[chunk.start : chunk.stop], completions, self.settings.answer_fallback, limits(self.settings), opened)
+        where = f" (shard {self.shard} of {self.shards})" if self.shards > 1 else ""
+        log.info("%s: problems %d-%d of %d sampled%s", self.bench.name, chunk.start, chunk.stop - 1, len(problems), where)
+        return rows
 
 
 def evaluate(
@@ -226,61 +233,33 @@ def evaluate(
     Problems go in calls of `SEQUENCES_PER_CALL` samples, each seeded by its first problem's
     position. With `shards` > 1 this process samples only the calls whose number (counted from
     `first_call`: an eval stage numbers the calls of all its benchmarks in one sequence) is
-    `shard` modulo `shards`, into a file of its own (`shard_file`), and returns None; once every
-    shard is done, one call with the default `shard` and `shards` merges the files into
+    `shard` modulo `shards`, into a journal of its own, and returns None; once every shard is
+    done, one call with the default `shard` and `shards` samples any call left, writes
     samples.jsonl in problem order (the rows of a single-process run) and summarizes.
     """
-    from r1kit import templates
-    from r1kit.sampling import SamplingParams
-
     check_settings(settings)
     out = Path(out_dir)
     head = {"model": model, "completions": None, **dataclasses.asdict(settings)}
-    if bench.domain == "math":  # the sandbox limits do not change a math evaluation
+    if not runs_code(bench):  # the sandbox limits change only an evaluation that runs code
         head = {k: v for k, v in head.items() if not k.startswith("code_")}
     claim = {"benchmark": bench.config, **head}
     _refuse_other(out, claim)
-    rows = read_samples(out, bench, settings.samples, shard)
-    done = {r["id"] for r in rows}
-    per_call = max(1, SEQUENCES_PER_CALL // settings.samples)
-    starts = range(0, len(bench.problems), per_call)
-    todo = [(s, [p for p in bench.problems[s : s + per_call] if p.id not in done]) for s in starts if (first_call + s // per_call) % shards == shard]
-    todo = [(s, chunk) for s, chunk in todo if chunk]
-    if todo:
-        if sampler is None:
-            from r1kit.sampling import load_sampler
+    job = Job(out, claim, len(bench.problems), max(1, SEQUENCES_PER_CALL // settings.samples), bench.name, first=first_call)
 
-            sampler = lambda: load_sampler(model, backend)  # noqa: E731
-        engine = sampler()  # a model that cannot be loaded leaves the folder as it was
+    def load():  # the model first: one that cannot be loaded leaves the folder as it was
+        from r1kit.sampling import load_sampler
+
+        engine = sampler() if sampler else load_sampler(model, backend)
         _claim(out, claim)
-        left = sum(len(chunk) for _, chunk in todo)
-        log.info("%s: %d problems to generate (%d done), %s backend", bench.name, left, len(done), engine.backend)
-        with open(shard_file(out, SAMPLES, shard), "a") as f:
-            for start, chunk in todo:
-                prompts = [templates.render(settings.template, p.problem, engine.tokenizer, settings.think_prefill) for p in chunk]
-                # Seeded by the call's first position, so a rerun of the same call samples the same.
-                params = SamplingParams(settings.temperature, settings.top_p, settings.max_tokens, settings.seed + start)
-                tools = settings.load_tools()  # a sampler made before tools existed takes no such argument
-                completions = engine.generate_full(prompts, settings.samples, params, **({"tools": tools} if tools else {}))
-                # A prompt that opens <think> (think_prefill, or the template's own) leaves each completion inside it.
-                new = score(chunk, completions, settings.answer_fallback, limits(settings), [opens_think(p) for p in prompts])
-                for p in chunk:
-                    append_synced(f, "".join(json.dumps(r) + "\n" for r in new if r["id"] == p.id))
-                rows += new
-                where = f" (shard {shard} of {shards})" if shards > 1 else ""
-                log.info("%s: problems %d-%d of %d sampled%s", bench.name, start, min(start + per_call, len(bench.problems)) - 1, len(bench.problems), where)
-    else:
+        return engine
+
+    if not job.sample(Problems(bench, settings, shard, shards), load, shard, shards):
         _claim(out, claim)
     if shards > 1:
         return None
-    others = [path for path in shard_files(out, SAMPLES) if path != shard_file(out, SAMPLES, 0)]
-    position = {p.id: i for i, p in enumerate(bench.problems)}
-    ordered = sorted(rows, key=lambda r: (position[r["id"]], r["sample"]))
-    if others or ordered != rows:  # shards, or a resume that appended out of turn: one file, in problem order
-        rows = ordered
-        write_atomic(shard_file(out, SAMPLES, 0), "".join(json.dumps(r) + "\n" for r in rows))
-        for path in others:
-            path.unlink()
+    rows = list(job.records())
+    with atomic_file(out / SAMPLES) as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
     return _finish(out, bench, rows, settings.samples, head, limits(settings))
 
 

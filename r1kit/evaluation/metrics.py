@@ -1,27 +1,28 @@
 """The R1 protocol's figures: per-sample verdicts, pass@1, cons@k (majority vote) and pass@k.
 
-- `score(problems, completions)`: one samples.jsonl row per completion. A math problem's samples
-  are judged by the registered ``math_accuracy`` reward (the evaluator asks the registry, as a
-  recipe does); a code problem's by r1kit.execution.judge (as the ``code_tests`` reward judges), which
-  also says why a sample failed.
+- `DOMAINS`: for each domain of problem (math, multiple choice, code), how a sample is judged and
+  how a problem's samples vote. Math samples are judged by the registered ``math_accuracy`` reward
+  (the evaluator asks the registry, as a recipe does) and vote by `majority_votes`; multiple-choice
+  samples by the letter r1kit.evaluation.choices reads (as the ``multiple_choice`` reward reads
+  it), voting letter by letter; code samples by r1kit.execution.judge (as the ``code_tests``
+  reward judges), which also says why a sample failed, with no vote. A new domain is one row.
+- `score(problems, completions)`: one samples.jsonl row per completion, through `DOMAINS`.
 - `pass_at_k(n, c, k)`: Chen et al. (2021)'s unbiased estimator 1 - C(n-c, k) / C(n, k).
 - `majority_votes(answer_lists)`: the winning answer of each problem; answers the verifier
   judges equal form one cluster.
-  A multiple-choice problem's samples by the letter r1kit.evaluation.choices reads (as the
-  ``multiple_choice`` reward reads it).
 - `summarize(bench, rows, k)`: every figure of a summary.json (see r1kit.evaluation.evaluate). cons@k is
-  a vote over answers, so it covers math and multiple-choice problems (None for a code
-  benchmark); letters vote as they are. Where problems carry ratings (Codeforces), the rating
-  those solves estimate (r1kit.evaluation.codeforces).
+  a vote over answers, so it covers the domains that vote (None for a code benchmark). Where
+  problems carry ratings (Codeforces), the rating those solves estimate (r1kit.evaluation.codeforces).
 
-Pure functions of their inputs (the verifier aside); nothing here samples or writes.
+Pure functions of their inputs (the verifiers aside); nothing here samples or writes.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from r1kit.evaluation.benchmarks import BREAKDOWNS, Benchmark, Problem
 from r1kit.execution.sandbox import Limits
@@ -91,14 +92,12 @@ def summarize(bench: Benchmark, rows: list[dict], k: int) -> dict[str, Any]:
     out: dict[str, Any] = {"problems": len(scored), "unscorable": len(bench.problems) - len(scored)}
     per_problem = [sum(r["correct"] for r in s) / len(s) for _, s in scored]
     out["pass@1"] = _mean(per_problem)
-    math = [s for p, s in scored if p.domain == "math"]
-    winners = majority_votes([[r["answer"] for r in s[:k]] for s in math])
-    voted = [float(w is not None and s[w]["correct"]) for s, w in zip(math, winners)]
-    for s in (s for p, s in scored if p.domain == "choice"):
-        answers = [r["answer"] for r in s[:k]]
-        votes = Counter(a for a in answers if a is not None)
-        best = min(votes, key=lambda a: (-votes[a], answers.index(a)), default=None)  # ties: the first seen
-        voted.append(float(best is not None and s[answers.index(best)]["correct"]))
+    voted = []
+    for name, domain in DOMAINS.items():
+        samples = [s for p, s in scored if p.domain == name]
+        if domain.vote is not None and samples:
+            winners = domain.vote([[r["answer"] for r in s[:k]] for s in samples])
+            voted += [float(w is not None and s[w]["correct"]) for s, w in zip(samples, winners)]
     out[f"cons@{k}"] = _mean(voted)
     for j in ks[1:]:
         out[f"pass@{j}"] = _mean([pass_at_k(len(s), sum(r["correct"] for r in s), j) for _, s in scored])
@@ -143,32 +142,83 @@ def score(
     problems: list[Problem], completions: list[list[Any]], fallback: str, limits: Limits, prefilled: bool | list[bool] = False
 ) -> list[dict]:
     """samples.jsonl rows for each problem's completions (objects with text, tokens, truncated),
-    in order; code runs in the sandbox under `limits`; `prefilled`: the prompts opened <think>
-    (all of them, or each problem's)."""
-    from r1kit.evaluation.choices import answer_letter
-    from r1kit.execution.judge import judge
-    from r1kit.text import extract_answer
-
+    in order, each domain's samples judged in one batch by its `DOMAINS` entry; code runs in the
+    sandbox under `limits`; `prefilled`: the prompts opened <think> (all of them, or each problem's)."""
     opened = prefilled if isinstance(prefilled, list) else [prefilled] * len(problems)
     inside = {p.id: o for p, o in zip(problems, opened)}
     flat = [(p, j, c) for p, cs in zip(problems, completions) for j, c in enumerate(cs)]
-    math = [x for x in flat if x[0].domain == "math"]
-    code = [x for x in flat if x[0].domain == "code"]
-    choice = [x for x in flat if x[0].domain == "choice"]
-    verdicts = math_verifier(fallback)([c.text for _, _, c in math], answer=[p.answer for p, _, _ in math]) if math else []
-    rows = {
-        (p.id, j): {"id": p.id, "sample": j, "completion": c.text, "answer": extract_answer(c.text, fallback),
-                    "correct": None if v is None else v == 1.0, "tokens": c.tokens, "truncated": c.truncated} | _calls(c)
-        for (p, j, c), v in zip(math, verdicts)
-    }
-    for p, j, c in choice:
-        letter = answer_letter(c.text, p.choices, inside[p.id])
-        rows[p.id, j] = {"id": p.id, "sample": j, "completion": c.text, "answer": letter, "correct": letter == p.answer,
-                         "tokens": c.tokens, "truncated": c.truncated} | _calls(c)
-    for (p, j, c), v in zip(code, judge([c.text for _, _, c in code], [p.tests for p, _, _ in code], limits=limits, prefilled=[inside[p.id] for p, _, _ in code]) if code else []):
-        rows[p.id, j] = {"id": p.id, "sample": j, "completion": c.text, "correct": v.ok if v.total else None, "reason": v.reason,
-                         "tests": [v.passed, v.total], "tokens": c.tokens, "truncated": c.truncated} | _calls(c)
+    rows = {}
+    for name, domain in DOMAINS.items():
+        batch = [x for x in flat if x[0].domain == name]
+        if batch:
+            judged = domain.judge([p for p, _, _ in batch], [c.text for _, _, c in batch], [inside[p.id] for p, _, _ in batch],
+                                  fallback, limits)
+            for (p, j, c), fields in zip(batch, judged):
+                rows[p.id, j] = {"id": p.id, "sample": j, "completion": c.text, **fields, "tokens": c.tokens,
+                                 "truncated": c.truncated} | _calls(c)
     return [rows[p.id, j] for p, j, _ in flat]
+
+
+# ---- the domains: how a sample of each is judged and how its samples vote
+
+def _judge_math(problems, texts, prefilled, fallback, limits) -> list[dict]:
+    """The registered ``math_accuracy`` reward's verdicts, and the answer it extracted."""
+    from r1kit.text import extract_answer
+
+    verdicts = math_verifier(fallback)(texts, answer=[p.answer for p in problems])
+    return [{"answer": extract_answer(text, fallback), "correct": None if v is None else v == 1.0} for text, v in zip(texts, verdicts)]
+
+
+def _judge_choice(problems, texts, prefilled, fallback, limits) -> list[dict]:
+    """The letter r1kit.evaluation.choices reads (as the ``multiple_choice`` reward reads it)."""
+    from r1kit.evaluation.choices import answer_letter
+
+    letters = [answer_letter(text, p.choices, opened) for p, text, opened in zip(problems, texts, prefilled)]
+    return [{"answer": letter, "correct": letter == p.answer} for p, letter in zip(problems, letters)]
+
+
+def _judge_code(problems, texts, prefilled, fallback, limits) -> list[dict]:
+    """r1kit.execution.judge's verdicts (as the ``code_tests`` reward judges), with why a sample failed."""
+    from r1kit.execution.judge import judge
+
+    verdicts = judge(texts, [p.tests for p in problems], limits=limits, prefilled=prefilled)
+    return [{"correct": v.ok if v.total else None, "reason": v.reason, "tests": [v.passed, v.total]} for v in verdicts]
+
+
+def _vote_letters(answer_lists: list[list[str | None]]) -> list[int | None]:
+    """For each problem's letters, the index of the first sample of the most frequent (ties: the first seen)."""
+    out = []
+    for answers in answer_lists:
+        votes = Counter(a for a in answers if a is not None)
+        best = min(votes, key=lambda a: (-votes[a], answers.index(a)), default=None)
+        out.append(None if best is None else answers.index(best))
+    return out
+
+
+@dataclass(frozen=True)
+class Domain:
+    """How the evaluator judges a domain's samples and how they vote for cons@k."""
+
+    judge: Callable[..., list[dict]]
+    """(problems, completion texts, prefilled flags, fallback, sandbox limits) -> each sample's row fields."""
+    vote: Callable[[list[list[str | None]]], list[int | None]] | None
+    """Each problem's winning sample by its answers; None: no vote (cons@k leaves the domain out)."""
+    runs_code: bool = False
+    """Samples run in the sandbox: its limits are part of the evaluation's settings."""
+
+
+# A problem's domain (r1kit.evaluation.benchmarks.Problem.domain) -> how it is judged. A new domain
+# is a row here and a kind of problem in the benchmark tables.
+DOMAINS = {
+    "math": Domain(judge=_judge_math, vote=majority_votes),
+    "choice": Domain(judge=_judge_choice, vote=_vote_letters),
+    "code": Domain(judge=_judge_code, vote=None, runs_code=True),
+}
+
+
+def runs_code(bench: Benchmark) -> bool:
+    """Whether any problem of `bench` is judged by running code."""
+    return any(DOMAINS[p.domain].runs_code for p in bench.problems)
 
 
 def _calls(completion) -> dict:

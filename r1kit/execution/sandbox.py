@@ -79,6 +79,10 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from r1kit.hardware import World
 
 
 @dataclass(frozen=True)
@@ -216,10 +220,10 @@ _uids_in_use: set[int] = set()
 
 
 @functools.cache
-def _uid_pool() -> tuple[int, int, frozenset[int]]:
+def _uid_pool(world: World) -> tuple[int, int, frozenset[int]]:
     """Top half of the largest id range mapped in this user namespace, and the ids to skip; in a
-    distributed run, the part of it that belongs to this process of its node (``LOCAL_RANK`` of
-    ``LOCAL_WORLD_SIZE`` equal parts), so processes that judge at once never share a uid.
+    distributed run, the part of it that belongs to this process of its node (its local rank's of
+    `world`'s local processes' equal parts), so processes that judge at once never share a uid.
 
     All of 0..2**32-2 on a plain host; often only 0..65535 inside a container.
     """
@@ -235,13 +239,12 @@ def _uid_pool() -> tuple[int, int, frozenset[int]]:
     lo, hi = max(ulo, glo), min(uhi, ghi, 2**32 - 2)  # (uid_t)-1 means "unchanged"
     known = {p.pw_uid for p in pwd.getpwall()} | {g.gr_gid for g in grp.getgrall()}
     lo = (lo + hi) // 2
-    local, processes = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    part = (hi - lo) // max(1, processes)
-    return lo + local * part, lo + (local + 1) * part, frozenset(known)
+    part = (hi - lo) // max(1, world.local_world)
+    return lo + world.local_rank * part, lo + (world.local_rank + 1) * part, frozenset(known)
 
 
-def _take_uid() -> int:
-    lo, hi, known = _uid_pool()
+def _take_uid(world: World) -> int:
+    lo, hi, known = _uid_pool(world)
     with _uid_lock:
         while True:
             uid = random.randrange(lo, hi)
@@ -380,10 +383,21 @@ def _rmtree(path: str) -> None:
         shutil.rmtree(path)
 
 
-def run_python(source: str, stdin: str = "", limits: Limits = Limits()) -> RunResult:
-    """Run `source` as a Python program in the sandbox, with `stdin` as its standard input."""
+def _world(world: World | None) -> World:
+    """`world`, or this process's as the launcher's environment says."""
+    if world is not None:
+        return world
+    from r1kit.hardware import World  # here: this module also runs as a file of its own, without r1kit
+
+    return World.from_env()
+
+
+def run_python(source: str, stdin: str = "", limits: Limits = Limits(), world: World | None = None) -> RunResult:
+    """Run `source` as a Python program in the sandbox, with `stdin` as its standard input.
+    `world`: this process's place in a distributed run, which picks its part of the per-run
+    uids (default: as the launcher's environment says)."""
     server = _fork_server()
-    uid = _take_uid() if _ROOT else -1
+    uid = _take_uid(_world(world)) if _ROOT else -1
     workdir = tempfile.mkdtemp(prefix="r1kit-run-")
     try:
         with open(os.path.join(workdir, "prog.py"), "w") as f:
@@ -398,15 +412,17 @@ def run_python(source: str, stdin: str = "", limits: Limits = Limits()) -> RunRe
 
 
 def run_many(
-    jobs: list[tuple[str, str]], limits: Limits | list[Limits] = Limits(), workers: int | None = None
+    jobs: list[tuple[str, str]], limits: Limits | list[Limits] = Limits(), workers: int | None = None, world: World | None = None
 ) -> list[RunResult]:
     """Run `(source, stdin)` jobs, at most `workers` at a time (default: the CPU count, shared
     out among the processes of a distributed run on this node, which judge at the same time),
-    each under `limits` (one for all, or one per job).
+    each under `limits` (one for all, or one per job). `world`: this process's place in a
+    distributed run (default: as the launcher's environment says).
 
     Results come back in the order of `jobs`.
     """
-    workers = workers or max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    world = _world(world)
+    workers = workers or max(1, (os.cpu_count() or 1) // world.local_world)
     each = limits if isinstance(limits, list) else [limits] * len(jobs)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="r1kit-sandbox") as pool:
-        return list(pool.map(lambda job, lim: run_python(job[0], job[1], lim), jobs, each))
+        return list(pool.map(lambda job, lim: run_python(job[0], job[1], lim, world), jobs, each))

@@ -6,13 +6,13 @@
   page-faults its way in again: on 2 cores an elementwise product over such a tensor took 21 ms
   that way and 4.5 ms in reused memory, and a GRPO step of SmolLM2-135M spent a third of its
   forward and backward there.
-- `log_probs_on_cpu`: TRL's fused LM head (``trl.trainer.utils.add_fused_lm_head``) computes each
+- `WholeVocabLogProbs`: TRL's fused LM head (``trl.trainer.utils.add_fused_lm_head``) computes each
   completion token's log-probability and entropy without building the logits, in vocabulary tiles
   folded by a Triton kernel. Without Triton it folds them with a dozen float32 passes over each
   tile, casts the tiles back to float32 for its gradient products, and projects every position,
-  prompt included. Inside this context it projects completion positions only, through
-  `WholeVocabLogProbs`: one bfloat16 (or float32) product over the whole vocabulary for a block
-  of tokens, a log-softmax, and the gradient from the same.
+  prompt included. r1kit.trainers.trl_patches.log_probs_on_cpu has it project completion
+  positions only, through this function: one bfloat16 (or float32) product over the whole
+  vocabulary for a block of tokens, a log-softmax, and the gradient from the same.
 
 - `packed_linears`: while decoding, linear layers multiply by weights packed once in oneDNN's
   blocked layout. In float32 torch's products go through MKL, which on AMD CPUs runs at well
@@ -20,10 +20,14 @@
   every call packs its weight again. Where oneDNN cannot pack a dtype on the CPU at hand
   (bfloat16 without AVX512-BF16, AMX or AVX-512 BW/VL/DQ), the layers keep torch's own products:
   `packing_available` asks the library once and logs the path taken.
-- `short_attention_in_math`: training attention over short sequences in SDPA's math kernel,
-  whose backward is faster there than the flash kernel's.
+- `MATH_ATTENTION_UP_TO`: the key length up to which training attention runs SDPA's math kernel
+  on a CPU (r1kit.trainers.trl_patches.short_attention_in_math): its backward is faster there than
+  the flash kernel's. Forward and backward over 16 x 9 heads with a padding mask took 20 ms at 57
+  positions (a GRPO batch of short answers) against 11 ms in math, and 45 against 27 at 128; the
+  flash kernel wins from about 160 on (2 cores, bfloat16).
 
-Not here: what is chosen in bfloat16 (r1kit.hardware.precision), r1kit's decoding loop
+Not here: the patches that put these into TRL's and transformers' code (r1kit.trainers.trl_patches),
+what is chosen in bfloat16 (r1kit.hardware.precision), r1kit's decoding loop
 (r1kit.sampling.decode), anything on a GPU.
 """
 
@@ -38,6 +42,8 @@ import logging
 import torch
 
 log = logging.getLogger(__name__)
+
+MATH_ATTENTION_UP_TO = 128  # key positions up to which SDPA's math kernel trains faster than its flash kernel on a CPU
 
 # mallopt(3) parameters
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
@@ -69,29 +75,6 @@ def keep_freed_memory() -> bool:
     if _kept:
         log.info("CPU run: the allocator keeps freed memory for reuse (no mmap per large tensor)")
     return _kept
-
-
-@contextlib.contextmanager
-def log_probs_on_cpu():
-    """Inside: TRL's fused LM head scores completion positions only, with `WholeVocabLogProbs`,
-    on CPU tensors (other devices keep TRL's kernels). Same outputs and gradients as TRL's own
-    CPU path up to rounding (a test compares them)."""
-    from unittest import mock
-
-    import trl.trainer.utils as trl_utils
-
-    use_triton, chunked = trl_utils._use_triton, trl_utils._ChunkedLogProbFunction
-
-    class Dispatch:
-        @staticmethod
-        def apply(hidden, *args):
-            return (WholeVocabLogProbs if hidden.device.type == "cpu" else chunked).apply(hidden, *args)
-
-    with (
-        mock.patch.object(trl_utils, "_use_triton", lambda device: device.type == "cpu" or use_triton(device)),
-        mock.patch.object(trl_utils, "_ChunkedLogProbFunction", Dispatch),
-    ):
-        yield
 
 
 def packing_available(dtype: torch.dtype = torch.float32) -> bool:
@@ -160,37 +143,6 @@ def _packed_forward(forward, weight: torch.Tensor, bias: torch.Tensor | None):
         return torch.ops.mkldnn._linear_pointwise(x.to(weight.dtype), weight, bias, "none", [], "")
 
     return packed
-
-
-MATH_ATTENTION_UP_TO = 128  # key positions up to which SDPA's math kernel trains faster than its flash kernel on a CPU
-
-
-@contextlib.contextmanager
-def short_attention_in_math():
-    """Inside: transformers' SDPA attention on CPU tensors of at most `MATH_ATTENTION_UP_TO` key
-    positions runs torch's math kernel (explicit products and softmax) instead of its flash kernel.
-
-    On a CPU the flash kernel's backward is slow for short sequences: forward and backward over
-    16 x 9 heads with a padding mask took 20 ms at 57 positions (a GRPO batch of short answers)
-    against 11 ms in math, and 45 against 27 at 128; the flash kernel wins from about 160 on
-    (2 cores, bfloat16). Same attention up to rounding; other devices keep SDPA's choice."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from transformers import AttentionInterface
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
-
-    def attention(module, query, key, value, attention_mask, **kwargs):
-        if query.device.type == "cpu" and key.shape[-2] <= MATH_ATTENTION_UP_TO:
-            with sdpa_kernel([SDPBackend.MATH]):
-                return sdpa(module, query, key, value, attention_mask, **kwargs)
-        return sdpa(module, query, key, value, attention_mask, **kwargs)
-
-    AttentionInterface.register("sdpa", attention)
-    try:
-        yield
-    finally:
-        AttentionInterface.register("sdpa", sdpa)
 
 
 def _logits(hidden, weight, bias, scale: float, softcap: float | None, inv_t: float):

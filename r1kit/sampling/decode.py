@@ -201,15 +201,14 @@ def _by_row(x: torch.Tensor, rows: PromptRows) -> torch.Tensor:
     return x.view(prompts, groups, rows.width, -1, n).transpose(1, 2).reshape(prompts * rows.width, groups, -1, n)[rows.flat]
 
 
-AttentionInterface.register("r1kit_decode", decode_attention)
-ALL_MASK_ATTENTION_FUNCTIONS.register("r1kit_decode", sdpa_mask)
-
-
 @contextlib.contextmanager
 def decoding_attention(model):
     """`decode_attention` in `model` while decoding, where it uses SDPA (as transformers' models do
     by default); eager or flash attention is left as it is. Yields whether the decoder's layers
-    now attend with it."""
+    now attend with it. Registers it with transformers under ``r1kit_decode`` on first use (an
+    added name; no other attention changes), not when this module is imported."""
+    AttentionInterface.register("r1kit_decode", decode_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register("r1kit_decode", sdpa_mask)
     configs = [m.config for m in model.modules() if getattr(m, "config", None) is not None]
     configs = [c for c in {id(c): c for c in configs}.values() if c._attn_implementation == "sdpa"]
     for config in configs:

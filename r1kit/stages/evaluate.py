@@ -8,9 +8,9 @@
       template: r1_zero               # as the grpo stage's default, so a trained model sees its prompt
 
 Each benchmark is evaluated by `r1kit.evaluation.evaluate.evaluate` (the code behind ``r1kit eval``) into
-``<stage>/<benchmark>/`` (settings.json, samples.jsonl, summary.json); an interrupted stage
-resumes problem by problem. ``<stage>/results.md`` holds one markdown table of all benchmarks,
-and the stage's metrics carry ``<benchmark>/pass@1``, ``cons@k`` (math) and ``pass@k`` for the
+``<stage>/<benchmark>/`` (settings.json, journal.jsonl, samples.jsonl, summary.json); an
+interrupted stage resumes generate call by generate call (r1kit.sampling.jobs).
+``<stage>/results.md`` holds one markdown table of all benchmarks, and the stage's metrics carry ``<benchmark>/pass@1``, ``cons@k`` (math) and ``pass@k`` for the
 run report. ``task:`` arguments apply to every task benchmark, or per task when its keys name
 the stage's task benchmarks: ``task: {last_digit: {n: 200}, functions: {n: 150}}``.
 ``since`` / ``until`` (YYYY-MM-DD) keep dated problems in a window (``benchmarks:
@@ -19,9 +19,10 @@ The model is loaded once, on the first benchmark that has problems left. The sta
 on no model: the next stage starts from the model this one evaluated.
 
 In a distributed run every process loads its own engine (with vLLM on GPUs, one per
-tensor-parallel group: r1kit.sampling.shard_of) and samples its shard of each benchmark's
-problems (r1kit.evaluation.evaluate); the main process merges the shards, which hold what one process
-would have sampled, and writes the summaries.
+tensor-parallel group: r1kit.sampling.shard_of) and samples its shard of the generate calls of
+all benchmarks, numbered in one sequence so that small benchmarks land on different shards
+(r1kit.evaluation.evaluate, r1kit.sampling.jobs); after the barrier the main process merges the
+shards, which hold what one process would have sampled, and writes the summaries.
 
 Not here: benchmark definitions (r1kit.evaluation.benchmarks) and metrics (r1kit.evaluation.metrics).
 """
@@ -40,6 +41,7 @@ from r1kit.evaluation.benchmarks import BENCHMARKS, CODE_BENCHMARKS, DATED, Benc
 from r1kit.config import StageConfig
 from r1kit.errors import EvalError, RecipeError, suggest
 from r1kit.sampling.base import EngineConfig
+from r1kit.stages import hooks
 from r1kit.stages.base import StageContext, StageKind, StageResult
 
 log = logging.getLogger("r1kit")
@@ -101,7 +103,7 @@ def run(ctx: StageContext) -> StageResult:
     from r1kit.sampling import load_sampler, shard_of
 
     stage = ctx.stage
-    sampler = functools.cache(lambda: load_sampler(ctx.model, stage.backend, **stage.backend_options))
+    sampler = functools.cache(lambda: load_sampler(ctx.model, stage.backend, ctx.processes, **stage.backend_options))
     benches = [
         load_benchmark(
             source,
@@ -116,7 +118,7 @@ def run(ctx: StageContext) -> StageResult:
         for source in stage.benchmarks
     ]
     if ctx.world > 1:  # every engine samples its shard of every benchmark, then the main process merges
-        shard, shards = shard_of(ctx.rank, ctx.world, stage.backend, stage.backend_options)
+        shard, shards = shard_of(ctx.processes, stage.backend, stage.backend_options)
         first = 0  # the calls of all benchmarks in one sequence: small benchmarks land on different shards
         for bench in benches:
             if shard is not None:
@@ -141,4 +143,6 @@ def run(ctx: StageContext) -> StageResult:
     return StageResult(metrics=metrics)
 
 
-STAGE = StageKind(config=EvalStage, run=run, check=check)
+STAGE = StageKind(
+    config=EvalStage, run=run, check=check, budgets=hooks.sampling_budgets, machine_problems=hooks.engine_problems, bf16=hooks.engine_bf16,
+)

@@ -31,15 +31,22 @@ Defaults follow the DeepSeek-R1 paper rather than TRL: ``loss_type: grpo`` and `
 (a reference model, KL by the k3 estimator). The DAPO and Dr. GRPO variants are opt-in through
 ``loss_type`` / ``beta`` / ``epsilon_high`` / ``scale_rewards`` and ``dynamic_sampling`` (see the
 variant recipes). On a GPU, ``use_vllm: true`` generates with vLLM (colocated, or ``vllm_mode:
-server``); without it TRL generates with transformers, and on a CPU r1kit's decoding loop
-(r1kit.sampling.decode) generates in its place, from the same distribution (`decode_rollouts`), and TRL's
-log-probabilities go through r1kit.hardware.cpu's whole-vocabulary products. ``share_prompts: true`` scores
-each group's prompt once (r1kit.trainers.shared_prompts). At ``beta: 0`` completions with zero advantage
-skip the forward and backward pass (r1kit.trainers.zero_advantage). With ``peft:`` the stage trains a LoRA
+server``); without it TRL generates with transformers. With ``peft:`` the stage trains a LoRA
 adapter (TRL syncs the merged weights into vLLM) and hands on the merged model (r1kit.trainers.lora).
 
+The trainer is r1kit's subclass of TRL's (r1kit.trainers.trl_overrides), checked against the
+installed TRL before any model loads. Where they hold, it takes r1kit's paths: on a CPU r1kit's
+decoding loop generates the rollouts, from the same distribution (r1kit.trainers.rollouts); at
+``beta: 0`` completions with zero advantage skip the forward and backward pass
+(r1kit.trainers.zero_advantage); ``share_prompts: true`` scores each group's prompt once
+(r1kit.trainers.shared_prompts); ``dynamic_sampling`` refills zero-signal groups
+(r1kit.trainers.dynamic_sampling). Which paths were taken, and why not where not, is recorded in
+the stage's ``DONE.json`` (``metrics.trainer_paths``) and the run report. While training, TRL's
+log-probabilities go through r1kit.hardware.cpu's whole-vocabulary products on a CPU
+(r1kit.trainers.trl_patches).
+
 With ``tools:`` a rollout may run code while it reasons (r1kit.execution.tools: a python block, its output
-appended, generation going on): `tool_rollouts` hands TRL the turns as its ``rollout_func``, with
+appended, generation going on): the trainer hands TRL the turns as its ``rollout_func``, with
 the tools' output tokens masked out of the loss and the KL (TRL's tool mask); the rewards read the
 whole transcript, and answer extraction skips output blocks. On a CPU r1kit's decoding loop does
 the turns; with ``use_vllm`` vLLM does (one process; the closing fence is its stop string). Each
@@ -58,16 +65,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from r1kit import data as data_lib
-from r1kit.trainers import lora
-from r1kit import reward_registry
-from r1kit import templates
-from r1kit.execution import tools as tools_lib
+from r1kit import reward_registry, templates
 from r1kit.config import PromptStageConfig
 from r1kit.errors import RecipeError
-from r1kit.trainers.shared_prompts import score_prompts_once
-from r1kit.stages.base import StageContext, StageKind, StageResult
+from r1kit.execution import tools as tools_lib
+from r1kit.stages import hooks
+from r1kit.stages.base import StageContext, StageKind, StageResult, check_prompting
+from r1kit.trainers import lora
 from r1kit.trainers.training import checkpoint_step, last_checkpoint, make_metrics_log, read_metrics, train_and_save, trainer_args
-from r1kit.trainers.zero_advantage import skip_zero_advantage
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +95,7 @@ class GRPOStage(PromptStageConfig, lora.LoraFields, tools_lib.ToolFields):
 
 
 def check(stage: GRPOStage) -> None:
-    stage.check_prompting("a grpo stage needs at least one reward")
+    check_prompting(stage, "a grpo stage needs at least one reward")
     if "reward_weights" in stage.trainer:
         raise RecipeError(f"{stage.name}.trainer.reward_weights: set weights in the rewards list instead")
     lora.check(stage)
@@ -117,11 +122,11 @@ def prompt_rows(ctx: StageContext, tokenizer):
 
 def run(ctx: StageContext) -> StageResult:
     from transformers import AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
 
-    from r1kit.hardware import cpu
-    from r1kit.trainers.dynamic_sampling import DynamicSamplingGRPOTrainer
+    from r1kit.trainers import trl_overrides, trl_patches
 
+    trl_overrides.check()  # before any model loads
     stage = ctx.stage
     rewards = reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards")
     tokenizer = AutoTokenizer.from_pretrained(ctx.model, padding_side="left")
@@ -130,7 +135,12 @@ def run(ctx: StageContext) -> StageResult:
     checkpoint = last_checkpoint(ctx)
     metrics_path = ctx.dir / "metrics.jsonl"
     clock = RewardClock()
-    kwargs = dict(
+    features = trl_overrides.Features(
+        share_prompts=stage.share_prompts,
+        dynamic_sampling_rounds=stage.dynamic_sampling_max_rounds if stage.dynamic_sampling else None,
+        tools=stage.load_tools() if stage.tools else None,
+    )
+    trainer = trl_overrides.GRPOTrainer(
         model=ctx.model,  # TRL builds it: float32 master weights, args.model_init_kwargs applied
         reward_funcs=[clock.timed(reward_registry.for_trl(r)) for r in rewards],
         args=args,
@@ -139,187 +149,16 @@ def run(ctx: StageContext) -> StageResult:
         callbacks=[make_metrics_log(metrics_path, checkpoint_step(checkpoint) if checkpoint else None, ctx.is_main)],
         peft_config=lora.lora_config(stage),
         quantization_config=lora.quantization_config(stage),
+        features=features,
     )
-    if stage.dynamic_sampling:
-        trainer = DynamicSamplingGRPOTrainer(**kwargs, max_rounds=stage.dynamic_sampling_max_rounds)
-    else:
-        trainer = GRPOTrainer(**kwargs)
     trainer.add_callback(clock.log_steps(trainer))
-    skip_zero_advantage(trainer)
-    if stage.share_prompts:
-        score_prompts_once(trainer)
-    if stage.tools:
-        tool_rollouts(trainer, stage.load_tools())
-    elif trainer.accelerator.device.type == "cpu":
-        decode_rollouts(trainer)
-        if args.bf16:
-            autocast_rollouts(trainer)
     sizes = lora.parameters(trainer.model)
-    with cpu.log_probs_on_cpu(), cpu.short_attention_in_math():  # TRL's own head and SDPA's choice on other devices
+    # TRL's own head and SDPA's choice on other devices and for other models
+    with trl_patches.log_probs_on_cpu(), trl_patches.short_attention_in_math(trainer.model, trainer.ref_model):
         out = train_and_save(trainer, ctx)
-    return StageResult(model=out, metrics=sizes | summarize(read_metrics(metrics_path), rewards) | clock.totals())
-
-
-def decode_rollouts(trainer) -> bool:
-    """Generate rollouts with r1kit's decoding loop (r1kit.sampling.decode) where TRL would call
-    ``model.generate``, and say whether it does.
-
-    The loop prefills each prompt once for its group of generations, writes keys and values in
-    place and drops finished completions from the batch; on a CPU that makes rollouts several
-    times faster. It draws from the same distribution as TRL's generation config (temperature and
-    top-p, the policy's current weights), so the loss, TRL's log-probabilities and everything
-    after generation are unchanged. Taken only where that holds: not with vLLM or continuous
-    batching, not for vision-language models, not without a ``max_completion_length``, and not
-    where ``model.generate`` would apply anything beyond temperature and top-p to the logits (top-k,
-    TRL's ``top_k: null`` included, which transformers makes 50; min-p; a repetition penalty;
-    ``generation_kwargs``; or settings of the model's own generation_config.json such as
-    ``no_repeat_ngram_size``): TRL's generation runs then, as before."""
-    from trl.models import unwrap_model_for_generation
-
-    from r1kit.sampling.decode import Nucleus, decode
-
-    args = trainer.args
-    if (
-        trainer.use_vllm
-        or trainer.use_transformers_continuous_batching
-        or trainer._is_vlm
-        or args.generation_kwargs
-        or trainer.max_completion_length is None
-    ):
-        return False
-    beyond = logits_processing_beyond_the_loop(trainer)
-    if beyond:
-        log.info("rollouts come from TRL's model.generate: r1kit's decoding loop does not apply %s", ", ".join(beyond))
-        return False
-    draw = Nucleus(args.temperature, args.top_p).draw
-    eos_ids, pad_id = set(trainer.eos_token_ids), trainer._tokenizer.pad_token_id
-
-    def generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        prompts, counts = groups(prompt_ids)
-        with (
-            unwrap_model_for_generation(
-                trainer.model_wrapped,
-                trainer.accelerator,
-                gather_deepspeed3_params=args.ds3_gather_for_generation,
-                gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
-            ) as model
-        ):
-            return decode(model, prompts, counts, trainer.max_completion_length, draw, eos_ids, pad_id), None
-
-    trainer._generate_single_turn = generate
-    return True
-
-
-def groups(prompt_ids: list[list[int]]) -> tuple[list[list[int]], list[int]]:
-    """Each distinct prompt once and how many generations it has: TRL's RepeatSampler puts a
-    prompt's generations one after another."""
-    prompts, counts = [], []
-    for ids in prompt_ids:
-        if prompts and prompts[-1] == ids:
-            counts[-1] += 1
-        else:
-            prompts.append(ids)
-            counts.append(1)
-    return prompts, counts
-
-
-def tool_rollouts(trainer, tools: list) -> None:
-    """Generate rollouts that call `tools` (r1kit.sampling.tool_loop) as TRL's ``rollout_func``:
-    TRL gets each rollout's tokens with the tools' outputs marked 0 in its tool mask (``env_mask``),
-    so they are left out of the loss and the KL. On a CPU r1kit's decoding loop generates (in
-    one bfloat16 autocast region with ``bf16``); with vLLM, TRL's colocated or server engine does,
-    stopping at a block's closing fence. Refused on several processes with vLLM (the turns of one
-    process would wait on another's)."""
-    import contextlib
-
-    import torch
-    from trl.models import unwrap_model_for_generation
-
-    from r1kit.sampling import tool_loop
-    from r1kit.sampling.decode import Nucleus, decode
-
-    args, tokenizer = trainer.args, trainer.processing_class
-    eos_ids, pad_id = set(trainer.eos_token_ids), trainer._tokenizer.pad_token_id
-    if trainer.use_vllm:
-        if trainer.accelerator.num_processes > 1:
-            raise RecipeError("tools with use_vllm run on one process for now; launch one process, or set use_vllm: false")
-        trainer.vllm_generation.generation_kwargs = {**trainer.vllm_generation.generation_kwargs, "stop": [tools_lib.CLOSE],
-                                                     "include_stop_str_in_output": True}
-
-        def step(prompts, counts, max_tokens, stop):
-            flat = [p for p, n in zip(prompts, counts) for _ in range(n)]
-            _, completion_ids, _, _ = trainer.vllm_generation.generate(prompts=flat, images=None, num_generations=1)
-            return [list(ids)[:max_tokens] for ids in completion_ids]
-    else:
-        beyond = logits_processing_beyond_the_loop(trainer)
-        if beyond:
-            log.warning("rollouts with tools come from r1kit's decoding loop, which does not apply %s", ", ".join(beyond))
-        draw = Nucleus(args.temperature, args.top_p).draw
-        on_cpu = args.bf16 and trainer.accelerator.device.type == "cpu"  # one autocast region a turn, as `autocast_rollouts`
-        region = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16) if on_cpu else contextlib.nullcontext
-
-        def step(prompts, counts, max_tokens, stop):
-            unwrapped = unwrap_model_for_generation(
-                trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=args.ds3_gather_for_generation,
-                gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
-            )
-            with unwrapped as model, region():
-                return decode(model, prompts, counts, max_tokens, draw, eos_ids, pad_id, stop)
-
-    def rollout(prompts, trainer):
-        ids = tokenizer(text=prompts)["input_ids"]
-        distinct, counts = groups(ids)
-        transcripts = tool_loop.rollouts(step, distinct, counts, trainer.max_completion_length, tools, tokenizer, eos_ids)
-        mode = "train" if trainer.model.training else "eval"
-        for key, value in tool_loop.metrics(transcripts).items():
-            trainer._metrics[mode][key].append(value)
-        return {"prompt_ids": ids, "completion_ids": [t.ids for t in transcripts], "logprobs": None,
-                "env_mask": [t.mask for t in transcripts]}
-
-    trainer.rollout_func = rollout
-
-
-def logits_processing_beyond_the_loop(trainer) -> list[str]:
-    """The logits processors TRL's ``model.generate`` call would apply other than temperature and
-    top-p (the only ones r1kit's decoding loop applies), by transformers' own reckoning from TRL's
-    generation config over the model's, and beam search or stop strings and time limits it would
-    honour; on a transformers whose private helpers differ, a line saying so."""
-    from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
-
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    model = model.get_base_model() if hasattr(model, "get_base_model") else model
-    try:
-        config, _ = model._prepare_generation_config(trainer.generation_config)
-        processors = model._get_logits_processor(config, device="cpu")
-    except (AttributeError, TypeError) as e:
-        return [f"a generation config it could not read ({type(e).__name__}: {e})"]
-    beyond = [type(p).__name__ for p in processors if not isinstance(p, (TemperatureLogitsWarper, TopPLogitsWarper))]
-    if (config.num_beams or 1) > 1:
-        beyond.append(f"beam search (num_beams {config.num_beams})")
-    beyond += [name for name in ("stop_strings", "max_time") if getattr(config, name, None)]  # stopping criteria
-    return beyond
-
-
-def autocast_rollouts(trainer) -> None:
-    """Generate each rollout batch inside one bfloat16 autocast region on the CPU.
-
-    With ``bf16`` on a CPU, accelerate wraps every forward call in an autocast region of its own,
-    so each decoding step casts every weight to bfloat16 again and throws the copies away on the
-    way out: rollouts get slower than in float32. Inside one outer region, nested regions keep
-    autocast's cache of cast weights, so each is cast once per batch (the weights do not change
-    while generating). The cache holds trainable weights only: a LoRA stage's frozen base is
-    still cast at every step. The tokens are drawn from the same bfloat16-computed logits either
-    way; log-probabilities and the loss are computed outside the region, as before."""
-    import torch
-
-    generate = trainer._generate_single_turn
-
-    @functools.wraps(generate)
-    def in_one_region(*args, **kwargs):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            return generate(*args, **kwargs)
-
-    trainer._generate_single_turn = in_one_region
+    metrics = sizes | summarize(read_metrics(metrics_path), rewards) | clock.totals()
+    paths = trainer.paths | trl_patches.taken(trainer.accelerator.device)
+    return StageResult(model=out, metrics=metrics | {"trainer_paths": paths})
 
 
 class RewardClock:
@@ -388,5 +227,7 @@ def trainer_defaults(stage: GRPOStage) -> dict:
 
 
 STAGE = StageKind(
-    config=GRPOStage, run=run, trainer_config=lambda: __import__("trl").GRPOConfig, check=check, trainer_defaults=trainer_defaults
+    config=GRPOStage, run=run, trainer_config=lambda: __import__("trl").GRPOConfig, check=check, trainer_defaults=trainer_defaults,
+    data=hooks.data_sections, budgets=hooks.trainer_budgets, bf16=hooks.trainer_bf16, plots_rl=True,
+    machine_problems=lambda stage, gpu: hooks.trainer_problems(stage, gpu) + lora.machine_problems(stage, gpu),
 )

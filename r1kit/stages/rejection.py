@@ -45,22 +45,20 @@ solves, which give GRPO no signal, are dropped. A later grpo stage takes them as
 ``stats.json`` holds the pass rate of every prompt, the samples dropped by each filter (the first
 one that applies), and the totals; the stage's metrics repeat the totals.
 
-Resume: prompts go in chunks of ``chunk_prompts``; each finished chunk is one line appended to
-the journal (flushed and fsynced). A killed run loses at most the chunk in flight; the next run
-drops a partial last line and does the remaining chunks. A chunk's sampling seed depends only on
-the recipe seed and the chunk's position, so a resumed run samples what an uninterrupted one
-would (as far as the backend is deterministic). A journal written with another config, model or
-seed is refused.
+Resume and sharding are r1kit.sampling.jobs': prompts go in chunks of ``chunk_prompts``, one
+sampling call each; each finished chunk is one line appended to the journal (flushed and
+fsynced), so a killed run loses at most the chunks in flight, and the next run (with the same or
+another number of processes) samples only the unfinished ones. A chunk's sampling seed depends
+only on the recipe seed and the chunk's first prompt (seed + position × samples), so a resumed or
+sharded run samples what an uninterrupted one would (as far as the backend is deterministic). A
+journal written with another config, model or seed is refused.
 
-Sharding: in a distributed run (``--accelerate-config``) every process loads an engine of its
-own (with vLLM on GPUs, one per tensor-parallel group: r1kit.sampling.shard_of) and samples the
-chunks whose number is its shard's modulo the number of shards, into a journal of its own
-(``journal.jsonl`` for the main process, ``journal.shardN.jsonl`` for shard N). Since seeds
-follow the chunk, the rows are those of a single-process run. When every process has finished,
-the main one streams the journals in prompt order into ``dataset.jsonl`` and ``stats.json``
-(through a temporary file and a rename); memory holds one chunk at a time, however many prompts
-the stage has. A chunk counts as done in whichever journal holds it, so a run killed on any
-process resumes with the same or another number of processes and redoes only unfinished chunks.
+In a distributed run (``--accelerate-config``) every process loads an engine of its own (with
+vLLM on GPUs, one per tensor-parallel group: r1kit.sampling.shard_of) and samples its shard of the
+chunks into a journal of its own (``journal.jsonl`` for the main process, ``journal.shardN.jsonl``
+for shard N). When every process has finished, the main one streams the journals in prompt order
+into ``dataset.jsonl`` and ``stats.json`` (through a temporary file and a rename); memory holds
+one chunk at a time, however many prompts the stage has.
 
 With ``tools:`` (r1kit.execution.tools) each sample is a rollout that may run code as it reasons; a kept row
 holds the whole transcript, tool outputs included, and its ``tool_calls``; what a tool printed
@@ -76,10 +74,8 @@ import json
 import logging
 import os
 import random
-import re
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterator, Literal
 
 from r1kit import data as data_lib
@@ -87,15 +83,17 @@ from r1kit import reward_registry
 from r1kit import templates
 from r1kit.config import PromptStageConfig, to_dict
 from r1kit.errors import RecipeError
-from r1kit.files import append_synced, atomic_file, drop_partial_line, line_offsets, shard_file, shard_files
+from r1kit.files import atomic_file
 from r1kit.filters import REASONS, FilterConfig, filter_group
-from r1kit.sampling.base import EngineConfig, SamplingConfig
-from r1kit.stages.base import StageContext, StageKind, StageResult
+from r1kit.sampling.base import Completion, EngineConfig, Sampler, SamplingConfig, SamplingParams
+from r1kit.sampling.jobs import Chunk, Job, Request
+from r1kit.stages import hooks
+from r1kit.stages.base import StageContext, StageKind, StageResult, check_prompting
 from r1kit.execution.tools import ToolFields
 
 log = logging.getLogger("r1kit")
 
-JOURNAL, DATASET, STATS = "journal.jsonl", "dataset.jsonl", "stats.json"
+DATASET, STATS = "dataset.jsonl", "stats.json"
 DROPS = ("failed",) + REASONS + ("over_cap",)  # every reason a sample is not kept, in the order applied
 
 
@@ -144,7 +142,7 @@ TOLERANCE = 1e-9
 def check(stage: RejectionStage) -> None:
     from r1kit.text import SCRIPTS
 
-    stage.check_prompting("a rejection stage needs at least one reward to verify samples")
+    check_prompting(stage, "a rejection stage needs at least one reward to verify samples")
     stage.check_tools(f"{stage.name}.tools")
     best = reward_registry.best_total(reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards"))
     if best is not None and stage.min_total > best + TOLERANCE:
@@ -195,127 +193,81 @@ def row_keys(stage: RejectionStage) -> tuple[str, ...]:
 
 
 # ---------------------------------------------------------------------------------------------
-# One chunk of prompts
+# One chunk of prompts: the stage's side of its sampling job (r1kit.sampling.jobs)
 
 
-def run_chunk(ctx: StageContext, rows, start: int, sampler, tokenizer, rewards) -> list[dict]:
-    """Sample, verify and filter the prompts rows[start:start+chunk]; one record per prompt."""
-    from r1kit.sampling import SamplingParams
+class Prompts:
+    """What a chunk of the stage's prompts asks of the backend, and one record per prompt of how
+    its samples scored and which were kept."""
 
-    stage, cfg, n = ctx.stage, ctx.stage.data, ctx.stage.samples
-    batch = rows[start : start + stage.chunk_prompts]  # column -> list
-    questions = batch[cfg.prompt]
-    ids = [str(x) for x in batch[stage.id_column]] if stage.id_column in batch else [str(start + j) for j in range(len(questions))]
-    prompts = [templates.render(stage.template, q, tokenizer, stage.think_prefill) for q in questions]
-    # Seeds partition by prompt position: a chunk samples the same whether or not a run resumed.
-    params = SamplingParams(stage.temperature, stage.top_p, stage.max_tokens, seed=ctx.recipe.seed + start * n)
-    tools = stage.load_tools()
-    samples = sampler.generate_full(prompts, n, params, **({"tools": tools} if tools else {}))
-    texts = [c.text for group in samples for c in group]
-    # The rewards see what they see in a grpo stage: the rendered prompt and the other columns.
-    hidden = {cfg.prompt, "prompt", "completion", "messages"}
-    columns = {k: [v for v in vs for _ in range(n)] for k, vs in batch.items() if k not in hidden}
-    columns["prompt"] = [p for p in prompts for _ in range(n)]
-    scores = reward_registry.score(rewards, texts, **columns)
-    totals = reward_registry.weighted_total(scores, rewards)
-    provenance = {"model": ctx.model, "backend": sampler.backend, "temperature": params.temperature}
-    provenance |= {"top_p": params.top_p, "max_tokens": params.max_tokens, "seed": params.seed}
-    prefill = templates.THINK_PREFILL if stage.think_prefill else ""
-    records = []
-    for j, (question, prompt, group) in enumerate(zip(questions, prompts, samples)):
-        group_totals = totals[j * n : (j + 1) * n]
-        passed = sum(t >= stage.min_total - TOLERANCE for t in group_totals)
-        record = {"index": start + j, "id": ids[j], "passed": passed, "dropped": {}, "rows": []}
-        if stage.mode == "samples":
-            reasons = select(group_totals, group, stage)
-            record["dropped"] = dict(Counter(r for r in reasons if r is not None))
-            for k, (c, reason) in enumerate(zip(group, reasons)):
-                if reason is not None:
-                    continue
-                row = {
-                    "messages": [
-                        {"role": "user", "content": templates.chat_user_turn(question)},
-                        {"role": "assistant", "content": prefill + c.text},
-                    ],
-                    "prompt": prompt,
-                    "completion": c.text,
-                    "id": ids[j],
-                    "sample": k,
-                    "rewards": {name: s[j * n + k] for name, s in scores.items()},
-                    "reward_total": group_totals[k],
-                    "tokens": c.tokens,
-                    "tool_calls": c.tool_calls,
-                    "sampling": provenance,
-                    "origin": "sampled",
-                }
-                record["rows"].append({key: row[key] for key in row_keys(stage)})
-        records.append(record)
-    return records
+    def __init__(self, ctx: StageContext, rows, rewards):
+        self.ctx, self.rows, self.rewards = ctx, rows, rewards
 
+    @functools.cached_property
+    def tokenizer(self):
+        from transformers import AutoTokenizer
 
-# ---------------------------------------------------------------------------------------------
-# The journals: append-only progress that survives a kill, one file per process
+        return AutoTokenizer.from_pretrained(self.ctx.model)
 
+    def request(self, chunk: Chunk, sampler: Sampler) -> Request:
+        stage = self.ctx.stage
+        questions = self.rows[chunk.start : chunk.stop][stage.data.prompt]
+        prompts = [templates.render(stage.template, q, self.tokenizer, stage.think_prefill) for q in questions]
+        # Seeds partition by prompt position: a chunk samples the same whether or not a run resumed.
+        params = SamplingParams(stage.temperature, stage.top_p, stage.max_tokens, seed=self.ctx.recipe.seed + chunk.start * stage.samples)
+        return Request(prompts, stage.samples, params, stage.load_tools() or None)
 
-class Journal:
-    """The stage's progress in its folder: one append-only file per shard (``journal.jsonl``,
-    ``journal.shardN.jsonl``: r1kit.files.shard_file),
-    each a header line (what the samples depend on), then one line per finished chunk. A chunk
-    is done when any shard's file holds its line, so a run resumes whatever number of processes
-    wrote the files. Only where each chunk's line starts is kept in memory, never its rows."""
-
-    def __init__(self, folder: Path, shard: int, header: dict):
-        self.folder = folder
-        self.header = json.loads(json.dumps(header, default=str))  # as it reads back
-        self.path = shard_file(folder, JOURNAL, shard)
-        first, end = None, 0
-        if self.path.exists():
-            for offset, line in line_offsets(self.path):
-                first, end = first or line, offset + len(line)
-        self._check(self.path, first)
-        if self.path.exists():
-            drop_partial_line(self.path, self.path.stat().st_size - end)  # a kill in the middle of a write: that chunk is redone
-        if first is None:
-            self._append({"header": self.header})
-
-    def _check(self, path: Path, first: bytes | None) -> None:
-        if first is not None and json.loads(first)["header"] != self.header:
-            raise RecipeError(
-                f"{path} was written with another config, model or seed; delete {path.parent} to start the stage over"
-            )
-
-    def index(self) -> dict[int, tuple[Path, int]]:
-        """Finished chunk -> (file, offset of its line), over every shard's file; a chunk
-        journaled twice (by runs with different numbers of processes) counts once."""
-        where: dict[int, tuple[Path, int]] = {}
-        for path in shard_files(self.folder, JOURNAL):
-            lines = line_offsets(path)
-            first = next(lines, (0, None))[1]
-            self._check(path, first)
-            for offset, line in lines:
-                match = CHUNK.match(line)
-                chunk = int(match.group(1)) if match else json.loads(line)["chunk"]
-                where.setdefault(chunk, (path, offset))
-        return where
-
-    @staticmethod
-    def read(where: tuple[Path, int]) -> list[dict]:
-        """The prompt records of the chunk whose line is at `where`."""
-        path, offset = where
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return json.loads(f.readline())["prompts"]
-
-    def add(self, chunk: int, prompts: list[dict]) -> None:
-        self._append({"chunk": chunk, "prompts": prompts})
-
-    def _append(self, record: dict) -> None:
-        with open(self.path, "a") as f:
-            append_synced(f, json.dumps(record, default=str) + "\n")
-
-
-CHUNK = re.compile(rb'\{"chunk": (\d+),')
-"""The start of a chunk's line as `Journal.add` writes it: its number, read without parsing the rows."""
+    def records(self, chunk: Chunk, request: Request, samples: list[list[Completion]], sampler: Sampler) -> list[dict]:
+        """Verify and filter the chunk's samples."""
+        ctx, stage, cfg, n = self.ctx, self.ctx.stage, self.ctx.stage.data, self.ctx.stage.samples
+        batch, prompts, params = self.rows[chunk.start : chunk.stop], request.prompts, request.params  # column -> list
+        questions = batch[cfg.prompt]
+        ids = [str(x) for x in batch[stage.id_column]] if stage.id_column in batch else [str(i) for i in range(chunk.start, chunk.stop)]
+        texts = [c.text for group in samples for c in group]
+        # The rewards see what they see in a grpo stage: the rendered prompt and the other columns.
+        hidden = {cfg.prompt, "prompt", "completion", "messages"}
+        columns = {k: [v for v in vs for _ in range(n)] for k, vs in batch.items() if k not in hidden}
+        columns["prompt"] = [p for p in prompts for _ in range(n)]
+        scores = reward_registry.score(self.rewards, texts, **columns)
+        totals = reward_registry.weighted_total(scores, self.rewards)
+        provenance = {"model": ctx.model, "backend": sampler.backend, "temperature": params.temperature}
+        provenance |= {"top_p": params.top_p, "max_tokens": params.max_tokens, "seed": params.seed}
+        prefill = templates.THINK_PREFILL if stage.think_prefill else ""
+        records = []
+        for j, (question, prompt, group) in enumerate(zip(questions, prompts, samples)):
+            group_totals = totals[j * n : (j + 1) * n]
+            passed = sum(t >= stage.min_total - TOLERANCE for t in group_totals)
+            record = {"index": chunk.start + j, "id": ids[j], "passed": passed, "dropped": {}, "rows": []}
+            if stage.mode == "samples":
+                reasons = select(group_totals, group, stage)
+                record["dropped"] = dict(Counter(r for r in reasons if r is not None))
+                for k, (c, reason) in enumerate(zip(group, reasons)):
+                    if reason is not None:
+                        continue
+                    row = {
+                        "messages": [
+                            {"role": "user", "content": templates.chat_user_turn(question)},
+                            {"role": "assistant", "content": prefill + c.text},
+                        ],
+                        "prompt": prompt,
+                        "completion": c.text,
+                        "id": ids[j],
+                        "sample": k,
+                        "rewards": {name: s[j * n + k] for name, s in scores.items()},
+                        "reward_total": group_totals[k],
+                        "tokens": c.tokens,
+                        "tool_calls": c.tool_calls,
+                        "sampling": provenance,
+                        "origin": "sampled",
+                    }
+                    record["rows"].append({key: row[key] for key in row_keys(stage)})
+            records.append(record)
+        log.info(
+            "%s: prompts %d-%d of %d, passed %d/%d samples, kept %d",
+            stage.name, chunk.start, chunk.stop - 1, len(self.rows),
+            sum(r["passed"] for r in records), len(records) * n, sum(len(r["rows"]) for r in records),
+        )
+        return records
 
 
 # ---------------------------------------------------------------------------------------------
@@ -341,36 +293,6 @@ def mixed_rows(ctx: StageContext, kept: int) -> Iterator[dict]:
         yield {key: row.get(key) for key in row_keys(stage)}
 
 
-def sample(ctx: StageContext, rows, journal: Journal, shard: int, shards: int, rewards, sampler, missing: bool = False) -> None:
-    """Sample, verify and journal the unfinished chunks of `shard` of `shards` (chunk i belongs
-    to shard i mod shards); `sampler()` loads the engine, once, if there is work. `missing`:
-    every chunk should be done already; any left is sampled here, with a warning."""
-    stage = ctx.stage
-    chunks = range(0, len(rows), stage.chunk_prompts)
-    done = journal.index()
-    todo = [start for start in chunks if start // stage.chunk_prompts % shards == shard and start // stage.chunk_prompts not in done]
-    if not todo:
-        return
-    if missing:
-        log.warning(
-            "%s: %d chunks of other processes are not journaled in %s; sampling them on this one "
-            "(a run over several nodes needs a run folder that all of them share)", stage.name, len(todo), ctx.dir,
-        )
-    elif done:
-        log.info("%s: resuming, %d of %d chunks already done", stage.name, len(done), len(chunks))
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(ctx.model)
-    for start in todo:
-        records = run_chunk(ctx, rows, start, sampler(), tokenizer, rewards)
-        journal.add(start // stage.chunk_prompts, records)
-        log.info(
-            "%s: prompts %d-%d of %d, passed %d/%d samples, kept %d",
-            stage.name, start, start + len(records) - 1, len(rows),
-            sum(r["passed"] for r in records), len(records) * stage.samples, sum(len(r["rows"]) for r in records),
-        )
-
-
 def run(ctx: StageContext) -> StageResult:
     from r1kit.sampling import load_sampler, shard_of
 
@@ -379,21 +301,21 @@ def run(ctx: StageContext) -> StageResult:
     rows = data_lib.load_rows(cfg, ctx)
     data_lib.require_columns(rows, [cfg.prompt], ctx.resolve_data_source(cfg.source), f"rejection stage {stage.name!r}")
     header = {"stage": to_dict(stage), "model": ctx.model, "seed": ctx.recipe.seed}
-    sampler = functools.cache(lambda: load_sampler(ctx.model, stage.backend, **stage.backend_options))
-    shard, shards = shard_of(ctx.rank, ctx.world, stage.backend, stage.backend_options)
+    job, work = Job(ctx.dir, header, len(rows), stage.chunk_prompts, stage.name), Prompts(ctx, rows, rewards)
+    sampler = functools.cache(lambda: load_sampler(ctx.model, stage.backend, ctx.processes, **stage.backend_options))
+    shard, shards = shard_of(ctx.processes, stage.backend, stage.backend_options)
     if shard is not None:  # None: a process without an engine of its own (vLLM across several GPUs)
-        journal = Journal(ctx.dir, shard, header)
-        sample(ctx, rows, journal, shard, shards, rewards, sampler)
+        job.sample(work, sampler, shard, shards)
     ctx.barrier()  # every shard is journaled
     if not ctx.is_main:
         return StageResult()
     # Nothing is left, unless another process's journal is not in this folder (the run folder
     # must be shared by all nodes) or a shard went missing: then this process samples it.
-    sample(ctx, rows, journal, 0, 1, rewards, sampler, missing=shards > 1)
-    return publish(ctx, rows, journal)
+    job.sample(work, sampler, leftover=shards > 1)
+    return publish(ctx, rows, job)
 
 
-def publish(ctx: StageContext, rows, journal: Journal) -> StageResult:
+def publish(ctx: StageContext, rows, job: Job) -> StageResult:
     """dataset.jsonl and stats.json, streamed from the journals in prompt order, each written
     atomically; memory holds one chunk's records at a time."""
     stage = ctx.stage
@@ -406,22 +328,20 @@ def publish(ctx: StageContext, rows, journal: Journal) -> StageResult:
     per_prompt = ctx.dir / f".per_prompt.{os.getpid()}.jsonl"
     try:
         with atomic_file(dataset) as out, open(per_prompt, "w") as pp:
-            where = journal.index()
-            for chunk in sorted(where):
-                for p in journal.read(where[chunk]):
-                    rate = p["passed"] / stage.samples
-                    if stage.mode == "samples":
-                        kept = len(p["rows"])
-                        out.writelines(json.dumps(r, default=str) + "\n" for r in p["rows"])
-                        dropped.update(p["dropped"])
-                    else:
-                        kept = stage.min_pass_rate < rate < stage.max_pass_rate
-                        if kept:
-                            out.write(json.dumps({**rows[p["index"]], "pass_rate": rate}, default=str) + "\n")
-                    totals.update(prompts=1, samples=stage.samples, passed=p["passed"], kept=int(kept))
-                    totals.update(prompts_all_passed=int(rate == 1.0), prompts_none_passed=int(rate == 0.0))
-                    rate_sum += rate
-                    pp.write(json.dumps({"id": p["id"], "pass_rate": rate, "kept": kept}) + "\n")
+            for p in job.records():
+                rate = p["passed"] / stage.samples
+                if stage.mode == "samples":
+                    kept = len(p["rows"])
+                    out.writelines(json.dumps(r, default=str) + "\n" for r in p["rows"])
+                    dropped.update(p["dropped"])
+                else:
+                    kept = stage.min_pass_rate < rate < stage.max_pass_rate
+                    if kept:
+                        out.write(json.dumps({**rows[p["index"]], "pass_rate": rate}, default=str) + "\n")
+                totals.update(prompts=1, samples=stage.samples, passed=p["passed"], kept=int(kept))
+                totals.update(prompts_all_passed=int(rate == 1.0), prompts_none_passed=int(rate == 0.0))
+                rate_sum += rate
+                pp.write(json.dumps({"id": p["id"], "pass_rate": rate, "kept": kept}) + "\n")
             mixed = 0
             for row in mixed_rows(ctx, totals["kept"]):
                 out.write(json.dumps(row, default=str) + "\n")
@@ -450,4 +370,7 @@ def publish(ctx: StageContext, rows, journal: Journal) -> StageResult:
 
 
 # Every process of a distributed run samples its own shard of the chunks; the main one merges them.
-STAGE = StageKind(config=RejectionStage, run=run, check=check)
+STAGE = StageKind(
+    config=RejectionStage, run=run, check=check, data=hooks.data_sections, budgets=hooks.sampling_budgets,
+    machine_problems=hooks.engine_problems, bf16=hooks.engine_bf16,
+)

@@ -30,6 +30,7 @@ from typing import Any, Literal
 from r1kit import data as data_lib
 from r1kit.trainers import lora
 from r1kit.config import DataConfig, StageConfig
+from r1kit.stages import hooks
 from r1kit.stages.base import StageContext, StageKind, StageResult
 from r1kit.trainers.training import checkpoint_step, last_checkpoint, make_metrics_log, read_metrics, trainer_args, train_and_save
 
@@ -124,5 +125,7 @@ def trainer_defaults(stage: SFTStage) -> dict:
 
 
 STAGE = StageKind(
-    config=SFTStage, run=run, trainer_config=lambda: __import__("trl").SFTConfig, check=lora.check, trainer_defaults=trainer_defaults
+    config=SFTStage, run=run, trainer_config=lambda: __import__("trl").SFTConfig, check=lora.check, trainer_defaults=trainer_defaults,
+    data=hooks.data_sections, machine_problems=lambda stage, gpu: hooks.trainer_problems(stage, gpu) + lora.machine_problems(stage, gpu),
+    bf16=hooks.trainer_bf16,
 )

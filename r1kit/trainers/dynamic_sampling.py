@@ -1,7 +1,7 @@
 """DAPO's dynamic sampling on top of `trl.GRPOTrainer` (Yu et al., 2025, section 3.2).
 
 A group whose G completions all get the same reward has zero advantage: it adds nothing to the
-policy gradient but still dilutes the batch. `DynamicSamplingGRPOTrainer` drops such groups after
+policy gradient but still dilutes the batch. `DynamicSampling` drops such groups after
 scoring (read from the rewards: their weighted sum, or with ``multi_objective_aggregation:
 normalize_then_sum`` each reward, equal across the group) and refills the generation batch with
 groups generated from further training prompts, for at most `max_rounds` extra generation
@@ -24,7 +24,6 @@ from __future__ import annotations
 import random
 
 import torch
-from trl import GRPOTrainer
 
 # Tensors of shape (B, T) and the side their padding is on; anything else of shape (B,) is per-row.
 _LEFT_PADDED = {"prompt_ids", "prompt_mask"}
@@ -61,51 +60,47 @@ def merge_rows(chunks: list[tuple[dict, torch.Tensor]], pad_token_id: int) -> di
     return out
 
 
-class DynamicSamplingGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer that keeps only groups with a reward signal, refilling the batch (DAPO)."""
+class DynamicSampling:
+    """DAPO's dynamic sampling for one trainer (r1kit.trainers.trl_overrides' ``GRPOTrainer`` calls
+    `refill` after TRL generated and scored a batch, and hands it the rewards TRL computed)."""
 
-    def __init__(self, *args, max_rounds: int = 3, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, max_rounds: int, seed: int):
         self.max_rounds = max_rounds
-        self._refill_rng = random.Random(self.args.seed)
+        self.rewards: torch.Tensor | None = None  # (all processes' rows, functions), the last computed
+        self._refill_rng = random.Random(seed)
         self._refill_order: list[int] = []
 
-    def _next_prompts(self, n: int) -> list[dict]:
+    def _next_prompts(self, trainer, n: int) -> list[dict]:
         rows = []
         while len(rows) < n:
             if not self._refill_order:
-                order = list(range(len(self.train_dataset)))
+                order = list(range(len(trainer.train_dataset)))
                 self._refill_rng.shuffle(order)  # the same order on every process, each taking its share
-                share = order[self.accelerator.process_index :: self.accelerator.num_processes]
+                share = order[trainer.accelerator.process_index :: trainer.accelerator.num_processes]
                 self._refill_order = share or order
-            rows.append(self.train_dataset[self._refill_order.pop()])
+            rows.append(trainer.train_dataset[self._refill_order.pop()])
         return rows
 
-    def _calculate_rewards(self, *args, **kwargs):
-        self._rewards = super()._calculate_rewards(*args, **kwargs)  # (all processes' rows, functions)
-        return self._rewards
-
-    def _signal(self, rows: int) -> torch.Tensor:
+    def signal(self, trainer, rows: int) -> torch.Tensor:
         """(groups,) True where the rewards just computed differ within a group of this process.
 
         Read from the rewards, not the advantages: a group of equal rewards whose sum is inexact in
         float32 (weights like 0.2) gets advantages of about 1e-3 from rounding, not zero."""
-        start = self.accelerator.process_index * rows
-        scores = self._rewards[start : start + rows]
-        if self.multi_objective_aggregation == "sum_then_normalize":  # the weighted sum is what TRL normalises
+        start = trainer.accelerator.process_index * rows
+        scores = self.rewards[start : start + rows]
+        if trainer.multi_objective_aggregation == "sum_then_normalize":  # the weighted sum is what TRL normalises
             unscorable = torch.isnan(scores).all(dim=1, keepdim=True)
-            summed = (scores * self.reward_weights.to(scores.device)).nansum(dim=1, keepdim=True)
+            summed = (scores * trainer.reward_weights.to(scores.device)).nansum(dim=1, keepdim=True)
             scores = summed.masked_fill(unscorable, float("nan"))
-        groups = scores.view(-1, self.num_generations, scores.size(-1))
+        groups = scores.view(-1, trainer.num_generations, scores.size(-1))
         high = groups.nan_to_num(nan=float("-inf")).amax(dim=1)
         low = groups.nan_to_num(nan=float("inf")).amin(dim=1)
         return (high > low).any(dim=-1)
 
-    def _generate_and_score_completions(self, inputs):
-        batch = super()._generate_and_score_completions(inputs)
-        if not self.model.training:
-            return batch
-        G = self.num_generations
+    def refill(self, trainer, batch: dict, generate_and_score) -> dict:
+        """`batch` with its zero-signal groups replaced by groups of further prompts, drawn and
+        scored by `generate_and_score` (TRL's ``_generate_and_score_completions``)."""
+        G = trainer.num_generations
         n_groups = batch["advantages"].size(0) // G
         if batch["advantages"].size(0) % G:
             raise ValueError(
@@ -118,7 +113,7 @@ class DynamicSamplingGRPOTrainer(GRPOTrainer):
         n_kept, n_dropped, rounds = 0, 0, 0
         current = batch
         while True:
-            has = self._signal(current["advantages"].size(0))
+            has = self.signal(trainer, current["advantages"].size(0))
             groups = torch.arange(has.numel(), device=has.device)
             take = groups[has][: n_groups - n_kept]
             if take.numel():
@@ -129,11 +124,11 @@ class DynamicSamplingGRPOTrainer(GRPOTrainer):
                 dropped.append((current, (lost[:, None] * G + torch.arange(G, device=has.device)).flatten()))
                 n_dropped += lost.numel()
             need = torch.tensor([n_groups - n_kept], device=has.device)
-            if rounds >= self.max_rounds or self.accelerator.gather(need).max().item() == 0:
+            if rounds >= self.max_rounds or trainer.accelerator.gather(need).max().item() == 0:
                 break
             rounds += 1
-            refill = [row for row in self._next_prompts(n_groups) for _ in range(G)]
-            current = super()._generate_and_score_completions(refill)
+            refill = [row for row in self._next_prompts(trainer, n_groups) for _ in range(G)]
+            current = generate_and_score(refill)
 
         unfilled = n_groups - n_kept
         for chunk, rows in dropped:  # top up with zero-signal groups so every step sees a full batch
@@ -145,10 +140,10 @@ class DynamicSamplingGRPOTrainer(GRPOTrainer):
             chunk["advantages"][rows] = 0.0
             kept.append((chunk, rows))
             n_kept += rows.numel() // G
-        merged = merge_rows(kept, self.processing_class.pad_token_id)
+        merged = merge_rows(kept, trainer.processing_class.pad_token_id)
         mask = merged["completion_mask"] * merged["tool_mask"] if "tool_mask" in merged else merged["completion_mask"]
-        merged["num_items_in_batch"] = self.accelerator.gather(mask.sum()).sum()
-        metrics = self._metrics["train"]
+        merged["num_items_in_batch"] = trainer.accelerator.gather(mask.sum()).sum()
+        metrics = trainer._metrics["train"]
         metrics["dynamic_sampling/dropped_groups"].append(float(n_dropped))
         metrics["dynamic_sampling/rounds"].append(float(rounds))
         metrics["dynamic_sampling/unfilled_groups"].append(float(unfilled))

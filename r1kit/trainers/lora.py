@@ -83,6 +83,25 @@ def trainer_defaults(stage) -> dict[str, Any]:
     return {"model_init_kwargs": {"dtype": "auto"}} if stage.peft is not None else {}
 
 
+def machine_problems(stage, gpu: bool) -> list[str]:
+    """A ``quantization:`` block where 4- and 8-bit weights cannot load (no CUDA GPU, or no bitsandbytes)."""
+    import importlib.util
+
+    if stage.quantization is None:
+        return []
+    if not gpu:
+        return [f"{stage.name}.quantization: 4- and 8-bit weights (bitsandbytes) need a CUDA GPU, and this machine has none; "
+                "remove the quantization block to train LoRA on full-precision weights"]
+    if importlib.util.find_spec("bitsandbytes") is None:
+        return [f"{stage.name}.quantization: bitsandbytes is not installed here (pip install 'r1kit[qlora]')"]
+    return []
+
+
+def enabled(stage) -> bool:
+    """Whether the stage trains a LoRA adapter (a stage kind with a ``peft:`` block that sets one)."""
+    return isinstance(stage, LoraFields) and stage.peft is not None
+
+
 def lora_config(stage):
     """The stage's `peft.LoraConfig` (r1kit's defaults under the recipe's fields), or None."""
     if stage.peft is None:

@@ -3,7 +3,7 @@
 GRPO scores every completion with a forward pass over prompt and completion (TRL's
 ``_get_per_token_logps_and_entropies``: the policy's log-probabilities for the loss, the reference
 model's for the KL term, the old policy's for importance sampling), and a group's
-``num_generations`` completions all follow the same prompt. `score_prompts_once` splits each such
+``num_generations`` completions all follow the same prompt. `scores` splits each such
 pass in two: the batch's distinct prompts (all but their last token) go through the model once,
 with a cache of their keys and values; each completion then runs from the prompt's last token on,
 attending to its prompt's cached keys and values. Gradients flow back through the cache into the
@@ -29,7 +29,6 @@ Not here: the loss (TRL's), generation (r1kit.sampling.decode shares prompts the
 
 from __future__ import annotations
 
-import functools
 import logging
 
 import torch
@@ -37,34 +36,30 @@ import torch
 log = logging.getLogger(__name__)
 
 
-def score_prompts_once(trainer) -> bool:
-    """Have `trainer` (a ``trl.GRPOTrainer``) score each batch's distinct prompts once; says whether it will."""
-    reason = None
+def refusal(trainer) -> str | None:
+    """Why `trainer` (r1kit's ``GRPOTrainer``) may not score each batch's distinct prompts once,
+    or None where it may (a model whose cache cannot be shared is found on its first call)."""
     if trainer.args.gradient_checkpointing:
-        reason = "gradient checkpointing recomputes the forward pass"
-    elif trainer.accelerator.num_processes != 1:
-        reason = f"{trainer.accelerator.num_processes} processes split the batches"
-    if reason:
-        log.warning("share_prompts: each completion is scored with its prompt, as TRL does: %s", reason)
-        return False
-    one_pass = trainer._get_per_token_logps_and_entropies
-    unfit: set[int] = set()  # models whose cache cannot be shared, found on their first call
+        return "gradient checkpointing recomputes the forward pass"
+    if trainer.accelerator.num_processes != 1:
+        return f"{trainer.accelerator.num_processes} processes split the batches"
+    return None
 
-    @functools.wraps(one_pass)
-    def scored(model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, compute_aux_loss=False, **extra):
-        if compute_aux_loss or id(model) in unfit or any(v is not None for v in extra.values()):
-            return one_pass(model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **extra)
-        batch_size = batch_size or input_ids.size(0)
-        parts = []
-        for start in range(0, input_ids.size(0), batch_size):
-            ids, mask = input_ids[start : start + batch_size], attention_mask[start : start + batch_size]
-            part = _two_passes(trainer, model, ids, mask, logits_to_keep, compute_entropy, unfit)
-            parts.append(part or one_pass(model, ids, mask, logits_to_keep, None, compute_entropy))
-        entropies = torch.cat([p[1] for p in parts]) if compute_entropy else None
-        return torch.cat([p[0] for p in parts]), entropies, None
 
-    trainer._get_per_token_logps_and_entropies = scored
-    return True
+def scores(trainer, one_pass, unfit: set[int], model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+           compute_entropy=False, compute_aux_loss=False, **extra):
+    """TRL's ``_get_per_token_logps_and_entropies`` (`one_pass`) with each batch's distinct prompts
+    through the model once; `unfit` collects the models whose cache cannot be shared."""
+    if compute_aux_loss or id(model) in unfit or any(v is not None for v in extra.values()):
+        return one_pass(model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **extra)
+    batch_size = batch_size or input_ids.size(0)
+    parts = []
+    for start in range(0, input_ids.size(0), batch_size):
+        ids, mask = input_ids[start : start + batch_size], attention_mask[start : start + batch_size]
+        part = _two_passes(trainer, model, ids, mask, logits_to_keep, compute_entropy, unfit)
+        parts.append(part or one_pass(model, ids, mask, logits_to_keep, None, compute_entropy))
+    entropies = torch.cat([p[1] for p in parts]) if compute_entropy else None
+    return torch.cat([p[0] for p in parts]), entropies, None
 
 
 def _two_passes(trainer, model, ids, mask, logits_to_keep, compute_entropy, unfit):

@@ -1,9 +1,5 @@
-"""What the training stages share: models to start from, trainer arguments, resume, metrics.
+"""What the training stages share: trainer arguments, resume, metrics, the saved model.
 
-- `resolve_model(source, recipe)`: `tiny` builds the offline tiny model once per run folder; a
-  ``.gguf`` file (a path, or ``package:NAME/FILE`` for a file shipped inside an installed Python
-  package) becomes a plain Hugging Face folder once; anything else (a folder, a hub id) passes
-  through.
 - `trainer_args(config_cls, ctx, **r1kit_defaults)`: the recipe's ``trainer:`` fields, passed to
   the trainer library's config unchanged, plus the fields r1kit owns (output folder, seed) and,
   when no GPU is present, CPU-safe defaults for the fields the recipe left unset (logged), with
@@ -12,17 +8,17 @@
 - `last_checkpoint(ctx)` and `MetricsLog`, a callback writing every logged figure to
   ``<stage>/metrics.jsonl`` that stays consistent across resumes.
 
-This is not a trainer: TRL's trainers train.
+This is not a trainer: TRL's trainers train. Not here either: the models a stage starts from
+(r1kit.models).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 from pathlib import Path
 
+from r1kit import hardware
 from r1kit.files import complete_lines, write_atomic
 
 log = logging.getLogger("r1kit")
@@ -39,61 +35,6 @@ CPU_DEFAULTS = {
 }
 
 
-def has_gpu() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-PACKAGE = "package:"
-
-
-def package_file(source: str) -> Path:
-    """The file that ``package:NAME/FILE`` names inside the installed Python package NAME.
-
-    Raises FileNotFoundError with a one-line message when the package or the file is missing."""
-    import importlib.util
-
-    name, _, rel = source[len(PACKAGE) :].partition("/")
-    spec = importlib.util.find_spec(name) if name.isidentifier() else None
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"{source!r}: Python package {name!r} is not installed")
-    path = Path(next(iter(spec.submodule_search_locations))) / rel
-    if not rel or not path.is_file():
-        raise FileNotFoundError(f"{source!r}: package {name!r} has no file {rel!r}")
-    return path
-
-
-def resolve_model(source: str, recipe) -> str:
-    """A local folder or hub id for `source`, building or converting it into the run folder once."""
-    models = Path(recipe.output_dir) / "_models"
-    if source == "tiny" or source.startswith("tiny:"):
-        from r1kit.offline.tiny import build_tiny_model
-
-        name = source.replace(":", "-")
-        out = models / name
-        args = {"seed": recipe.seed, **(recipe.tiny_model if source == "tiny" else recipe.tiny_models[source[5:]])}
-        built = out / "r1kit_tiny.json"  # the arguments it was built with: changed ones build it anew
-        if not (out / "config.json").is_file() or (built.is_file() and json.loads(built.read_text()) != args):
-            tmp = models / f"{name}.partial"
-            shutil.rmtree(tmp, ignore_errors=True)
-            build_tiny_model(tmp, **args)
-            (tmp / built.name).write_text(json.dumps(args, sort_keys=True))
-            shutil.rmtree(out, ignore_errors=True)
-            os.replace(tmp, out)
-        return str(out)
-    if source.startswith(PACKAGE):
-        source = str(package_file(source))
-    if source.endswith(".gguf"):
-        from r1kit.models import convert_gguf
-
-        out = models / Path(source).stem
-        if not (out / "config.json").is_file():
-            convert_gguf(source, out)
-        return str(out)
-    return source
-
-
 def trainer_fields(stage, recipe, r1kit_defaults: dict) -> tuple[dict, dict]:
     """The fields the trainer library's config gets for `stage`, and the CPU defaults among them:
     recipe fields first, then the fields r1kit owns and r1kit's defaults, then (no GPU) CPU ones."""
@@ -102,7 +43,7 @@ def trainer_fields(stage, recipe, r1kit_defaults: dict) -> tuple[dict, dict]:
     fields.setdefault("seed", recipe.seed)
     for key, value in r1kit_defaults.items():
         fields.setdefault(key, value)
-    applied = {k: v for k, v in CPU_DEFAULTS.items() if k not in fields} if not has_gpu() else {}
+    applied = {k: v for k, v in CPU_DEFAULTS.items() if k not in fields} if not hardware.has_gpu() else {}
     return fields | applied, applied
 
 
@@ -172,10 +113,10 @@ def train_and_save(trainer, ctx) -> str:
     if checkpoint:
         log.info("%s: resuming from %s", ctx.stage.name, checkpoint)
     trainer.train(resume_from_checkpoint=checkpoint)
-    if getattr(ctx.stage, "peft", None) is not None:
-        from r1kit.trainers.lora import save_merged
+    from r1kit.trainers import lora
 
-        return save_merged(trainer, ctx)
+    if lora.enabled(ctx.stage):
+        return lora.save_merged(trainer, ctx)
     out = ctx.dir / "model"
     trainer.save_model(str(out))
     if ctx.is_main:

@@ -4,10 +4,11 @@ A group whose completions all get the same reward has zero advantage everywhere,
 completion scored exactly at its group's mean. Without a KL term (``beta: 0``, TRL's default and
 the smollm2 recipe's), every GRPO loss TRL computes is a per-token factor times the advantage, so
 such a completion adds exactly nothing to the gradient, yet TRL runs its forward and backward pass
-with the rest. `skip_zero_advantage` has the trainer compute the loss on the other completions only
-and rescale it to TRL's normalisation over the whole batch (the mean over completions of ``grpo``,
-``sapo``, ``dr_grpo`` and ``luspo``, the token mean of ``bnpo``; ``dapo``, ``cispo`` and ``vespo``
-already divide by the generation batch's token count), so the loss and its gradient are TRL's up to
+with the rest. `loss` computes it on the other completions only (r1kit.trainers.trl_overrides'
+``GRPOTrainer._compute_loss``, where `refusal` finds nothing) and rescales it to TRL's
+normalisation over the whole batch (the mean over completions of ``grpo``, ``sapo``, ``dr_grpo``
+and ``luspo``, the token mean of ``bnpo``; ``dapo``, ``cispo`` and ``vespo`` already divide by the
+generation batch's token count), so the loss and its gradient are TRL's up to
 the rounding of products of another shape (a test compares every gradient). A batch with no
 signal at all returns a zero loss whose backward leaves zero gradients, as TRL's would, so the
 optimizer's step (moments, weight decay) is unchanged.
@@ -29,11 +30,6 @@ Not here: the loss (TRL's), generation, scoring.
 
 from __future__ import annotations
 
-import functools
-import logging
-
-log = logging.getLogger(__name__)
-
 # TRL's loss types whose per-token loss is proportional to the advantage, by how each normalises.
 PER_COMPLETION = {"grpo", "sapo", "dr_grpo", "luspo"}  # a mean over the batch's completions
 PER_TOKEN = {"bnpo"}  # a mean over the batch's completion tokens
@@ -44,48 +40,45 @@ ROWS = {"prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advan
 SHARED = {"num_items_in_batch"}
 
 
-def skip_zero_advantage(trainer) -> bool:
-    """Have `trainer` (a ``trl.GRPOTrainer``) leave zero-advantage completions out of its forward and
-    backward passes where that keeps its gradient; says whether it will."""
-    if (
-        trainer.beta != 0.0
-        or getattr(trainer, "_entropy_bonus_enabled", False)
-        or trainer.top_entropy_quantile < 1.0
-        or trainer.aux_loss_enabled
-        or trainer.loss_type not in PER_COMPLETION | PER_TOKEN | PER_GENERATION_BATCH
-        or trainer.accelerator.num_processes != 1
-        or trainer.is_deepspeed_enabled
-        or trainer.is_fsdp_enabled
-        or trainer.args.use_liger_kernel
-    ):
-        return False
-    compute_loss = trainer._compute_loss
+def refusal(trainer) -> str | None:
+    """Why `trainer` (r1kit's ``GRPOTrainer``) may not leave zero-advantage completions out of its
+    forward and backward passes, or None where that keeps its gradient."""
+    reasons = {
+        f"beta {trainer.beta} (a KL term moves every completion)": trainer.beta != 0.0,
+        "an entropy bonus": trainer._entropy_bonus_enabled,
+        "a high-entropy token mask": trainer.top_entropy_quantile < 1.0,
+        "an MoE auxiliary loss": trainer.aux_loss_enabled,
+        f"loss_type {trainer.loss_type}": trainer.loss_type not in PER_COMPLETION | PER_TOKEN | PER_GENERATION_BATCH,
+        f"{trainer.accelerator.num_processes} processes": trainer.accelerator.num_processes != 1,
+        "DeepSpeed": trainer.is_deepspeed_enabled,
+        "FSDP": trainer.is_fsdp_enabled,
+        "Liger kernels": trainer.args.use_liger_kernel,
+    }
+    return next((reason for reason, refuses in reasons.items() if refuses), None)
 
-    @functools.wraps(compute_loss)
-    def on_signal(model, inputs):
-        if not set(inputs) <= ROWS | SHARED:
-            return compute_loss(model, inputs)  # images and the like: TRL's loss over every row
-        advantages = inputs["advantages"]
-        keep = advantages != 0 if advantages.dim() == 1 else (advantages != 0).any(-1)
-        rows = keep.numel()
-        kept = int(keep.sum())
-        mode = "train" if trainer.model.training else "eval"
-        trainer._metrics[mode]["zero_advantage/skipped"].append(1 - kept / rows)
-        if kept == rows:
-            return compute_loss(model, inputs)
-        if kept == 0:
-            # TRL's loss is zero here, and its backward leaves a zero gradient on every trainable weight.
-            return sum(p.flatten()[0] * 0.0 for p in model.parameters() if p.requires_grad)
-        sub = {k: v[keep] if k in ROWS else v for k, v in inputs.items()}
-        if trainer.loss_type in PER_COMPLETION:
-            scale = kept / rows
-        elif trainer.loss_type in PER_TOKEN:
-            mask = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs["completion_mask"]
-            scale = float(mask[keep].sum().clamp(min=1.0) / mask.sum().clamp(min=1.0))
-        else:
-            scale = 1.0
-        return compute_loss(model, sub) * scale
 
-    trainer._compute_loss = on_signal
-    log.info("beta 0: completions with zero advantage skip the forward and backward pass (they add no gradient)")
-    return True
+def loss(trainer, compute_loss, model, inputs):
+    """TRL's loss (`compute_loss`, its ``_compute_loss``) over the completions of `inputs` whose
+    advantage is not zero, rescaled to TRL's normalisation over the whole batch."""
+    if not set(inputs) <= ROWS | SHARED:
+        return compute_loss(model, inputs)  # images and the like: TRL's loss over every row
+    advantages = inputs["advantages"]
+    keep = advantages != 0 if advantages.dim() == 1 else (advantages != 0).any(-1)
+    rows = keep.numel()
+    kept = int(keep.sum())
+    mode = "train" if trainer.model.training else "eval"
+    trainer._metrics[mode]["zero_advantage/skipped"].append(1 - kept / rows)
+    if kept == rows:
+        return compute_loss(model, inputs)
+    if kept == 0:
+        # TRL's loss is zero here, and its backward leaves a zero gradient on every trainable weight.
+        return sum(p.flatten()[0] * 0.0 for p in model.parameters() if p.requires_grad)
+    sub = {k: v[keep] if k in ROWS else v for k, v in inputs.items()}
+    if trainer.loss_type in PER_COMPLETION:
+        scale = kept / rows
+    elif trainer.loss_type in PER_TOKEN:
+        mask = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs["completion_mask"]
+        scale = float(mask[keep].sum().clamp(min=1.0) / mask.sum().clamp(min=1.0))
+    else:
+        scale = 1.0
+    return compute_loss(model, sub) * scale

@@ -1,0 +1,205 @@
+"""Every method of TRL's trainers that r1kit overrides, in one file: `GRPOTrainer` (the grpo stage)
+and `DistillationTrainer` (the distill stage), subclasses of TRL's own.
+
+Each override takes one of r1kit's paths where it holds and TRL's own code elsewhere; which was
+taken is decided once, when the trainer is built, and kept in ``trainer.paths`` ("on", or "off:"
+and the reason), which the stage records with its figures and the run report shows:
+
+- ``r1kit_decoding_loop``: rollouts (or the student's samples) come from r1kit's decoding loop
+  (``_generate_single_turn``; r1kit.trainers.rollouts decides when it may stand in);
+- ``tool_rollouts``: rollouts that run code, as TRL's ``rollout_func`` (r1kit.trainers.rollouts);
+- ``zero_advantage_skip``: completions with zero advantage leave the loss's forward and backward
+  pass (``_compute_loss``; r1kit.trainers.zero_advantage);
+- ``shared_prompts``: each group's prompt is scored once (``_get_per_token_logps_and_entropies``;
+  r1kit.trainers.shared_prompts);
+- ``dynamic_sampling``: DAPO's refill of zero-signal groups (``_generate_and_score_completions``,
+  ``_calculate_rewards``; r1kit.trainers.dynamic_sampling).
+
+Written against TRL 1.16 (`WRITTEN_AGAINST`): `check` compares each overridden method's parameters
+and each patched module-level function's (r1kit.trainers.trl_patches) with the installed libraries,
+and the trainers check, once built, that the attributes the paths read exist; a difference stops
+the stage with one line before any compute. pyproject.toml keeps TRL below the next minor release.
+
+Not here: a loss of r1kit's own (TRL's loss runs, on fewer rows or fewer tokens), module-level
+patches (r1kit.trainers.trl_patches).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+from dataclasses import dataclass
+
+import trl
+
+from r1kit.errors import RecipeError
+from r1kit.trainers import dynamic_sampling, rollouts, shared_prompts, trl_patches, zero_advantage
+
+log = logging.getLogger(__name__)
+
+WRITTEN_AGAINST = "1.16"
+# "Class.method": its parameters in the TRL written against (see `params`).
+OVERRIDDEN = {
+    "GRPOTrainer._compute_loss": "self, model, inputs",
+    "GRPOTrainer._get_per_token_logps_and_entropies": "self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, "
+    "compute_entropy=False, compute_aux_loss=False, pixel_values=None, image_grid_thw=None, num_images=None, "
+    "pixel_attention_mask=None, spatial_shapes=None, num_tiles=None, image_sizes=None, token_type_ids=None, "
+    "mm_token_type_ids=None, image_position_ids=None",
+    "GRPOTrainer._generate_single_turn": "self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False",
+    "GRPOTrainer._generate_and_score_completions": "self, inputs",
+    "GRPOTrainer._calculate_rewards": "self, inputs, prompts, completions, completion_ids_list",
+    "DistillationTrainer._generate_single_turn": "self, prompt_ids, images, multimodal_fields, has_tool_images=False",
+}
+# The attributes of a built trainer that the paths' decisions and overrides read.
+READS = {
+    "GRPOTrainer": ("beta", "_entropy_bonus_enabled", "top_entropy_quantile", "aux_loss_enabled", "loss_type", "use_vllm",
+                    "use_transformers_continuous_batching", "_is_vlm", "max_completion_length", "generation_config",
+                    "eos_token_ids", "_tokenizer", "_metrics", "num_generations", "multi_objective_aggregation",
+                    "reward_weights", "rollout_func", "ref_model"),
+    "DistillationTrainer": ("use_vllm", "_is_vlm", "max_completion_length", "generation_config", "eos_token_ids", "_tokenizer"),
+}
+
+
+def params(fn) -> str:
+    """A function's parameters as written in its definition, without annotations."""
+    return ", ".join(str(p.replace(annotation=inspect.Parameter.empty)) for p in inspect.signature(fn).parameters.values())
+
+
+def _resolve(dotted: str):
+    """The object a dotted name names: the longest importable module, then attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            obj = getattr(obj, name, None)
+        return obj
+    return None
+
+
+def check() -> None:
+    """Refuse, in one line, an installed TRL or transformers whose methods or functions that r1kit
+    overrides or patches take other parameters than those it was written against."""
+    targets = {f"trl.{name}": expected for name, expected in OVERRIDDEN.items()} | trl_patches.TARGETS
+    for name, expected in targets.items():
+        target = _resolve(name)
+        found = "nothing" if target is None else f"({params(target)})"
+        if target is None or found != f"({expected})":
+            raise RecipeError(
+                f"r1kit overrides {name}({expected}), written against TRL {WRITTEN_AGAINST}; the installed TRL "
+                f"{trl.__version__} has {found}: install trl~={WRITTEN_AGAINST}.0 (pyproject.toml's range)"
+            )
+
+
+def _require(trainer, kind: str) -> None:
+    missing = [name for name in READS[kind] if not hasattr(trainer, name)]
+    if missing:
+        raise RecipeError(f"r1kit reads {kind}.{missing[0]}, which the installed TRL {trl.__version__} does not set "
+                          f"(written against TRL {WRITTEN_AGAINST}): install trl~={WRITTEN_AGAINST}.0")
+
+
+def _loop_path(trainer, **more: bool):
+    """r1kit's loop as a step function where it may stand in on a CPU, else None; and the path's record."""
+    refusals = ["not on a CPU"] if trainer.accelerator.device.type != "cpu" else rollouts.refusals(trainer, **more)
+    if refusals:
+        return None, f"off: {', '.join(refusals)}"
+    return rollouts.loop_step(trainer), "on"
+
+
+@dataclass
+class Features:
+    """What a grpo stage asks of r1kit's trainer; each is taken only where it holds."""
+
+    skip_zero_advantage: bool = True
+    share_prompts: bool = False
+    dynamic_sampling_rounds: int | None = None
+    """DAPO's dynamic sampling with at most this many refill rounds; None: off."""
+    tools: list | None = None
+
+
+class GRPOTrainer(trl.GRPOTrainer):
+    """TRL's GRPOTrainer with r1kit's paths (see the module's docstring); ``features`` says which
+    are asked for."""
+
+    def __init__(self, *args, features: Features | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        _require(self, "GRPOTrainer")
+        features = features or Features()
+        self.paths: dict[str, str] = {}
+        self.loop = None
+        if features.tools:
+            loop = not self.use_vllm
+            beyond = rollouts.logits_processing_beyond_the_loop(self) if loop else []
+            if beyond:
+                log.warning("rollouts with tools come from r1kit's decoding loop, which does not apply %s", ", ".join(beyond))
+            self.rollout_func = rollouts.tool_rollout_func(self, features.tools, loop)
+            self.paths["tool_rollouts"] = "on: r1kit's decoding loop" if loop else "on: TRL's vLLM engine"
+            self.paths["r1kit_decoding_loop"] = "off: tools (the tool rollouts' own loop)"
+        else:
+            self.paths["tool_rollouts"] = "off: no tools"
+            self.loop, self.paths["r1kit_decoding_loop"] = _loop_path(
+                self, continuous_batching=self.use_transformers_continuous_batching)
+        self.skipping = self._path("zero_advantage_skip", features.skip_zero_advantage, zero_advantage.refusal(self))
+        self.sharing = self._path("shared_prompts", features.share_prompts, shared_prompts.refusal(self))
+        self._unfit: set[int] = set()  # models whose cache cannot be shared (shared_prompts)
+        rounds = features.dynamic_sampling_rounds
+        self.dynamic = None if rounds is None else dynamic_sampling.DynamicSampling(rounds, self.args.seed)
+        self.paths["dynamic_sampling"] = "off: not asked" if rounds is None else f"on: at most {rounds} refill rounds"
+        log.info("grpo trainer paths: %s", "; ".join(f"{k} {v}" for k, v in self.paths.items()))
+
+    def _path(self, name: str, asked: bool, refusal: str | None) -> bool:
+        self.paths[name] = "off: not asked" if not asked else f"off: {refusal}" if refusal else "on"
+        return self.paths[name] == "on"
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        if self.loop is None:
+            with rollouts.generation_region(self):
+                return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        prompts, counts = rollouts.groups(prompt_ids)
+        return self.loop(prompts, counts, self.max_completion_length), None
+
+    def _compute_loss(self, model, inputs):
+        if not self.skipping:
+            return super()._compute_loss(model, inputs)
+        return zero_advantage.loss(self, super()._compute_loss, model, inputs)
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **extra):
+        one_pass = super()._get_per_token_logps_and_entropies
+        if not self.sharing:
+            return one_pass(model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **extra)
+        return shared_prompts.scores(self, one_pass, self._unfit, model, input_ids, attention_mask, logits_to_keep, batch_size,
+                                     compute_entropy, compute_aux_loss, **extra)
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        if self.dynamic is not None:
+            self.dynamic.rewards = rewards  # (all processes' rows, functions): the refill reads its groups'
+        return rewards
+
+    def _generate_and_score_completions(self, inputs):
+        batch = super()._generate_and_score_completions(inputs)
+        if self.dynamic is None or not self.model.training:
+            return batch
+        return self.dynamic.refill(self, batch, super()._generate_and_score_completions)
+
+
+class DistillationTrainer(trl.DistillationTrainer):
+    """TRL's DistillationTrainer whose student samples come from r1kit's decoding loop where it may
+    stand in (``paths["r1kit_decoding_loop"]``): several times faster than ``model.generate`` on a
+    CPU, from the same distribution."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _require(self, "DistillationTrainer")
+        self.loop, decoding = _loop_path(self)
+        self.paths = {"r1kit_decoding_loop": decoding}
+        log.info("distillation trainer paths: r1kit_decoding_loop %s", decoding)
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, has_tool_images=False):
+        if self.loop is None:
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, has_tool_images)
+        return self.loop(prompt_ids, [1] * len(prompt_ids), self.max_completion_length)  # TRL's: the ids alone
