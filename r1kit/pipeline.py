@@ -16,7 +16,9 @@ others wait for it at each stage boundary, in a process group whose timeout no s
 in a process of its own, so it starts on a free device (r1kit.stage_process).
 Re-running a recipe skips finished stages and resumes an unfinished one (training stages pick up
 their last checkpoint). A finished stage whose config changed is refused unless the run says
-``restart_from`` that stage (or an earlier one): then that stage and all after it are redone.
+``restart_from`` that stage (or an earlier one): then that stage and all after it are redone. So
+is an interrupted stage whose config changed, where it made progress (`made_progress`: a
+checkpoint, a journaled chunk); one that failed before any has nothing to resume and runs afresh.
 Everything is checked before anything is written.
 
 Each stage starts from the previous stage's model unless it names one (`model:` a stage name, a
@@ -95,6 +97,16 @@ class Plan:
     """The first stage to run, when it may pick up its own partial work; every later one starts clean."""
 
 
+def made_progress(folder: Path) -> bool:
+    """Whether a stage's folder holds work a rerun would resume: a complete checkpoint (a trainer
+    writes trainer_state.json last) or a journaled chunk of sampling (r1kit.sampling.jobs). A stage
+    that failed before either (a teacher refused, a file missing) has nothing to resume."""
+    from r1kit.sampling import jobs
+
+    checkpoints = folder.glob("checkpoints/checkpoint-*/trainer_state.json")
+    return next(checkpoints, None) is not None or jobs.journaled(folder)
+
+
 def plan(recipe: Recipe, restart_from: str | None = None) -> Plan:
     """Which stages are finished and which will run; raises RecipeError when a finished stage changed."""
     names = [s.name for s in recipe.stages]
@@ -127,7 +139,10 @@ def plan(recipe: Recipe, restart_from: str | None = None) -> Plan:
     started = out / first / STARTED if resume else None
     if started is not None and started.is_file():
         record, (digest, config) = json.loads(started.read_text()), fingerprint(recipe, recipe.stages[names.index(first)])
-        if record["fingerprint"] != digest or record["after"] != names[: names.index(first)]:
+        if (record["fingerprint"] != digest or record["after"] != names[: names.index(first)]) and not made_progress(out / first):
+            log.info("%s: an earlier run stopped before it made progress; starting it afresh under the new config", first)
+            resume = None  # nothing to resume: run() clears its folder
+        elif record["fingerprint"] != digest or record["after"] != names[: names.index(first)]:
             changed = ", ".join(_changed_keys(record["config"], config)) or "the stages before it"
             raise RecipeError(
                 f"{recipe.source}: stage {first!r} was interrupted in {out} with a different config (changed: {changed}); "

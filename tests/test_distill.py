@@ -173,3 +173,22 @@ def test_tiny_models_are_checked_and_rebuilt_when_changed(write_recipe, tmp_path
     assert json.loads((path / "config.json").read_text())["num_hidden_layers"] == 1
     rec.tiny_models["student"] = {**STUDENT, "num_layers": 2}
     assert json.loads((Path(resolve("tiny:student", rec)) / "config.json").read_text())["num_hidden_layers"] == 2
+
+
+def test_a_stage_that_failed_before_any_work_runs_after_the_fix_with_no_flag(write_recipe, tmp_path, capsys):
+    """A distill stage refused at its start (a teacher with another tokenizer) leaves nothing to
+    resume: once the recipe names a fitting teacher, the same command runs it, no --restart-from."""
+    from transformers import AutoTokenizer
+
+    from r1kit.offline.tiny import build_tiny_model
+
+    other = build_tiny_model(tmp_path / "other")
+    tokenizer = AutoTokenizer.from_pretrained(other)
+    tokenizer.add_tokens(["<extra_token>"])
+    tokenizer.save_pretrained(other)
+    assert main(["run", str(recipe(write_recipe, distill_stage(teacher=str(other), trainer={**TRAINER, "max_steps": 2})))]) == 2
+    assert (tmp_path / "run" / "distill" / pipeline.STARTED).is_file()  # it started, and stopped before any work
+    capsys.readouterr()
+    fixed = recipe(write_recipe, distill_stage(trainer={**TRAINER, "max_steps": 2}))
+    assert main(["run", str(fixed)]) == 0, capsys.readouterr().err
+    assert (tmp_path / "run" / "distill" / pipeline.MARKER).is_file()

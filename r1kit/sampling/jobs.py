@@ -54,6 +54,14 @@ LINE = re.compile(rb'\{"chunk": \d+, "start": (\d+), "stop": (\d+), "records": '
 """The opening of a chunk's line as `Job` writes it: its items, read without parsing the records."""
 
 
+def journaled(folder: Path) -> bool:
+    """Whether any job in `folder` or below has journaled a chunk: work a rerun would resume."""
+    for path in Path(folder).rglob("journal*.jsonl"):
+        if any(LINE.match(line) for _, line in line_offsets(path)):
+            return True
+    return False
+
+
 @dataclass(frozen=True)
 class Chunk:
     """The unit of work: items start to stop (excluded) of a job, sampled in one call."""
