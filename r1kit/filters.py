@@ -82,6 +82,22 @@ class FilterConfig:
     near_duplicate_threshold: float = 0.9
     """Character 5-gram Jaccard similarity from which two samples are near duplicates."""
 
+    def problem(self) -> str | None:
+        """The first setting that would keep no sample or means nothing, as ``key: why``; None."""
+        for key in ("max_tokens", "max_chars", "max_paragraph_chars"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                return f"{key}: must be at least 1 (or null: off), got {value}; at {value} every sample is overlong"
+        shares = {"min_language_share": self.min_language_share, "max_repetition": self.max_repetition}
+        for key, value in shares.items():
+            if not 0.0 <= value <= 1.0:
+                return f"{key}: a share, from 0 to 1, got {value}"
+        if not 0.0 < self.near_duplicate_threshold <= 1.0:
+            return f"near_duplicate_threshold: a similarity above 0 and at most 1, got {self.near_duplicate_threshold}"
+        if self.repetition_ngram < 1:
+            return f"repetition_ngram: a word n-gram length of at least 1, got {self.repetition_ngram}"
+        return None
+
 
 # ---------------------------------------------------------------------------------------------
 # The measures, each on plain text

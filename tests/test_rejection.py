@@ -268,3 +268,41 @@ def test_a_journal_of_another_number_of_processes_resumes(write_recipe, cold_sta
     main_chunks = [json.loads(line).get("chunk") for line in (out / "journal.jsonl").read_text().splitlines()]
     assert main_chunks == [None, 0, 2, 4]
     assert json.loads((out / "stats.json").read_text()) == json.loads((tmp_path / "whole" / "rej" / "stats.json").read_text())
+
+
+@pytest.mark.parametrize(
+    "extra, key",
+    [
+        ({"filters": {"max_tokens": 0}}, "rej.filters.max_tokens: must be at least 1"),
+        ({"filters": {"max_chars": -5}}, "rej.filters.max_chars: must be at least 1"),
+        ({"filters": {"min_language_share": 2.0}}, "rej.filters.min_language_share: a share, from 0 to 1, got 2.0"),
+        ({"filters": {"max_repetition": -0.1}}, "rej.filters.max_repetition: a share, from 0 to 1"),
+        ({"filters": {"near_duplicate_threshold": 1.5}}, "rej.filters.near_duplicate_threshold: a similarity above 0 and at most 1"),
+        ({"filters": {"repetition_ngram": 0}}, "rej.filters.repetition_ngram: a word n-gram length of at least 1"),
+        ({"mix": {"ratio": -1}}, "rej.mix.ratio: mixed conversations per kept sample, 0 or more, got -1"),
+    ],
+)
+def test_validate_refuses_filters_that_keep_nothing_or_mean_nothing(write_recipe, tmp_path, capsys, extra, key):
+    from r1kit.cli import main
+
+    path = write_recipe({"model": "tiny", "stages": [stage(**extra)]})
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and key in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_rejection_stage_that_keeps_nothing_fails_naming_what_dropped_everything(write_recipe, cold_start, tmp_path, capsys):
+    """Keeping no sample fails the stage (no marker: the next sft stage would train on nothing),
+    naming the filter that dropped the samples and leaving stats.json to read."""
+    from r1kit.cli import main
+
+    rej = stage(n=8, rewards=[{"name": f"{__name__}:always_right"}], filters={"max_tokens": 1})
+    path = write_recipe({"model": str(cold_start), "stages": [rej]})
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("r1kit: error: rej: kept nothing of 64 samples of 8 prompts; dropped by overlong ")
+    assert "loosen the overlong filter (filters:)" in err and "stats.json has every prompt's pass rate" in err
+    stats = json.loads((tmp_path / "run" / "rej" / "stats.json").read_text())
+    assert stats["kept"] == 0 and stats["dropped"]["overlong"] > 0
+    assert not (tmp_path / "run" / "rej" / "DONE.json").exists()

@@ -160,6 +160,11 @@ def check(stage: RejectionStage) -> None:
         raise RecipeError(
             f"{stage.name}: need 0 <= min_pass_rate < max_pass_rate <= 1, got {stage.min_pass_rate} and {stage.max_pass_rate}"
         )
+    problem = stage.filters.problem()
+    if problem:
+        raise RecipeError(f"{stage.name}.filters.{problem}")
+    if not 0.0 <= stage.mix.ratio < float("inf"):
+        raise RecipeError(f"{stage.name}.mix.ratio: mixed conversations per kept sample, 0 or more, got {stage.mix.ratio}")
     if stage.filters.language not in SCRIPTS:
         raise RecipeError(f"{stage.name}.filters.language: {stage.filters.language!r} is not one of {', '.join(SCRIPTS)}")
     if stage.mix.source is not None and (stage.mode != "samples" or stage.template != "chat"):
@@ -315,6 +320,16 @@ def run(ctx: StageContext) -> StageResult:
     return publish(ctx, rows, job)
 
 
+def kept_nothing(stage: RejectionStage, drops: dict[str, int]) -> str:
+    """What dropped every sample (or prompt), largest first, and what to loosen."""
+    if stage.mode != "samples":
+        return f"no prompt's pass rate lies between min_pass_rate {stage.min_pass_rate} and max_pass_rate {stage.max_pass_rate}"
+    by = ", ".join(f"{reason} {n}" for reason, n in sorted(drops.items(), key=lambda kv: -kv[1]) if n)
+    first = max(drops, key=drops.get)
+    fix = f"min_total {stage.min_total:g}" if first == "failed" else f"the {first} filter (filters:)"
+    return f"dropped by {by}; loosen {fix}"
+
+
 def publish(ctx: StageContext, rows, job: Job) -> StageResult:
     """dataset.jsonl and stats.json, streamed from the journals in prompt order, each written
     atomically; memory holds one chunk's records at a time."""
@@ -365,6 +380,9 @@ def publish(ctx: StageContext, rows, job: Job) -> StageResult:
             f.write("\n ]\n}\n")
     finally:
         per_prompt.unlink(missing_ok=True)
+    if not figures["kept"]:
+        raise RecipeError(f"{stage.name}: kept nothing of {figures['samples']} samples of {figures['prompts']} prompts; "
+                          f"{kept_nothing(stage, drops)}; {ctx.dir / STATS} has every prompt's pass rate")
     log.info("%s: wrote %d rows to %s", stage.name, figures["kept"] + mixed, dataset)
     return StageResult(dataset=str(dataset), metrics=figures | {f"dropped_{k}": v for k, v in drops.items() if v})
 
