@@ -102,9 +102,9 @@ def made_progress(folder: Path) -> bool:
     writes trainer_state.json last) or a journaled chunk of sampling (r1kit.sampling.jobs). A stage
     that failed before either (a teacher refused, a file missing) has nothing to resume."""
     from r1kit.sampling import jobs
+    from r1kit.trainers.training import newest_checkpoint
 
-    checkpoints = folder.glob("checkpoints/checkpoint-*/trainer_state.json")
-    return next(checkpoints, None) is not None or jobs.journaled(folder)
+    return newest_checkpoint(folder) is not None or jobs.journaled(folder)
 
 
 def plan(recipe: Recipe, restart_from: str | None = None) -> Plan:

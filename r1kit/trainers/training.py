@@ -65,12 +65,17 @@ def trainer_args(config_cls, ctx, **r1kit_defaults):
 
 
 def last_checkpoint(ctx) -> str | None:
-    """The newest complete checkpoint of the stage, or None.
+    """The newest complete checkpoint of the stage, or None (see `newest_checkpoint`)."""
+    return newest_checkpoint(ctx.dir)
+
+
+def newest_checkpoint(stage_dir: Path) -> str | None:
+    """The newest complete checkpoint in a stage's folder, or None.
 
     A run killed while saving leaves a partial checkpoint folder; the trainer writes
     trainer_state.json last, so only folders that have it count.
     """
-    folder = ctx.dir / "checkpoints"
+    folder = stage_dir / "checkpoints"
     complete = [c for c in folder.glob("checkpoint-*") if (c / "trainer_state.json").is_file()] if folder.is_dir() else []
     return str(max(complete, key=checkpoint_step)) if complete else None
 
