@@ -11,8 +11,9 @@ Each benchmark is evaluated by `r1kit.evaluation.evaluate.evaluate` (the code be
 ``<stage>/<benchmark>/`` (settings.json, journal.jsonl, samples.jsonl, summary.json); an
 interrupted stage resumes generate call by generate call (r1kit.sampling.jobs).
 ``<stage>/results.md`` holds one markdown table of all benchmarks, and the stage's metrics carry
-``<benchmark>/pass@1``, ``cons@k`` (math) and ``pass@k`` for the run report. ``task:`` arguments apply to every task benchmark, or per task when its keys name
-the stage's task benchmarks: ``task: {last_digit: {n: 200}, functions: {n: 150}}``.
+``<benchmark>/pass@1``, ``cons@k`` (math) and ``pass@k`` for the run report. ``task:``
+arguments apply to every task benchmark, or per task when its keys name the stage's task
+benchmarks: ``task: {last_digit: {n: 200}, functions: {n: 150}}``.
 ``since`` / ``until`` (YYYY-MM-DD) keep dated problems in a window (``benchmarks:
 [livecodebench], since: "2024-08-01"``): a stage with a window evaluates dated benchmarks only.
 The model is loaded once, on the first benchmark that has problems left. The stage hands
