@@ -66,3 +66,4 @@ if not any(isinstance(finder, _Moved) for finder in sys.meta_path):
 def setup_logging(level: int = logging.INFO) -> None:
     """r1kit's log lines (``HH:MM:SS r1kit message``), for the CLI and the stage processes it starts."""
     logging.basicConfig(level=level, format="%(asctime)s r1kit %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request to a served model otherwise

@@ -137,6 +137,11 @@ def _add_eval(sub) -> None:
     protocol = [f.name for f in dataclasses.fields(Settings)]
     _add_flags(ev, Settings, protocol, {"samples": "K"})
     _add_flags(ev, EngineConfig, ["backend"])
+    ev.add_argument("--endpoint", action="append", default=[], metavar="URL", help="sample a served model at this OpenAI-compatible base URL (http://host:8000/v1; repeatable: requests spread over the servers); backend endpoint")
+    ev.add_argument("--served-model", metavar="NAME", help="with --endpoint: the name the server serves the model under (default: --model)")
+    ev.add_argument("--concurrency", type=_positive_int, default=16, metavar="N", help="served backends: requests in flight at once")
+    ev.add_argument("--api-key-env", metavar="VAR", default="", help="with --endpoint: the environment variable holding the API key")
+    ev.add_argument("--chat", action="store_true", help="with --endpoint: send chat messages (/chat/completions) instead of r1kit's rendered prompt")
     _add_flags(ev, BenchmarkFields, ["limit", "id_field", "problem_field", "answer_field", "since", "until", "data_file", "choice_seed", "rating_table"],
                {"limit": "N", "since": "DAY", "until": "DAY", "data_file": "FILE", "choice_seed": "SEED", "rating_table": "FILE"})
     ev.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="argument of a task:NAME benchmark (repeatable)")
@@ -154,12 +159,13 @@ def _cmd_eval(args) -> None:
     from r1kit.config import parse_override
     from r1kit.evaluation.evaluate import Settings, check_settings, evaluate, limits, score_completions, table
 
+    _served(args)
     if args.suite:
         return _cmd_suite(args)
     if args.data:
         raise EvalError("--data NAME=FILE is for --suite; with --benchmark use --data-file FILE")
     if not args.benchmark or not args.output or bool(args.model) == bool(args.completions):
-        raise EvalError("eval needs --benchmark, --output, and either --model or --completions")
+        raise EvalError("eval needs --benchmark, --output, and either --model (or --endpoint) or --completions")
     task_args = {}
     for text in args.task_arg:
         key, value = parse_override(text)
@@ -176,9 +182,35 @@ def _cmd_eval(args) -> None:
         from r1kit.hardware import cpu
 
         cpu.keep_freed_memory()
-        summary = evaluate(bench, args.output, settings, model=args.model, backend=args.backend)
+        from r1kit.sampling import closing, load_sampler
+
+        with closing(lambda: load_sampler(args.model, args.backend, endpoint=args.endpoint_config, log_dir=args.output)) as sampler:
+            summary = evaluate(bench, args.output, settings, model=args.model, backend=args.backend, endpoint=args.endpoint_config, sampler=sampler)
     print(table([summary]), end="")
     print(f"samples and summary: {args.output}")
+
+
+def _served(args) -> None:
+    """The served-model flags as `args.endpoint_config` (r1kit.sampling.base.Endpoint); --endpoint
+    means backend endpoint, and --model defaults to --served-model (the tokenizer's name)."""
+    from r1kit.sampling.base import Endpoint
+
+    served = args.served_model or args.api_key_env or args.chat
+    if args.endpoint:
+        if args.backend not in ("auto", "endpoint"):
+            raise EvalError(f"--endpoint samples a served model; it takes no --backend {args.backend}")
+        if args.completions:
+            raise EvalError("--endpoint samples a model; --completions scores saved ones: give one of them")
+        args.backend, args.model = "endpoint", args.model or args.served_model
+        if not args.model:
+            raise EvalError("--endpoint needs --served-model NAME (the name the server serves) or --model (its tokenizer and name)")
+    elif served:
+        raise EvalError("--served-model, --api-key-env and --chat go with --endpoint URL")
+    args.endpoint_config = Endpoint(url=args.endpoint, name=args.served_model or "", api_key_env=args.api_key_env,
+                                    concurrency=args.concurrency, chat=args.chat)
+    problem = args.endpoint_config.problem(args.backend) or args.endpoint_config.machine_problem()
+    if problem:
+        raise EvalError("--" + problem.replace("endpoint.url", "endpoint").replace("endpoint.api_key_env", "api-key-env").replace("endpoint.", ""))
 
 
 def _cmd_suite(args) -> None:
@@ -205,7 +237,8 @@ def _cmd_suite(args) -> None:
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings) if f.name.replace("_", "-") in given and f.name != "seed"}
     cpu.keep_freed_memory()
     text = run_suite(suite, args.output, model=args.model, backend=args.backend, settings_overrides=overrides, data=data,
-                     limit=args.limit, seed=args.seed, choice_seed=args.choice_seed, rating_table=args.rating_table)
+                     limit=args.limit, seed=args.seed, choice_seed=args.choice_seed, rating_table=args.rating_table,
+                     endpoint=args.endpoint_config)
     print(text, end="")
     print(f"evaluations and table: {args.output}")
 
@@ -283,8 +316,8 @@ def _cmd_validate(args) -> None:
         _check_accelerate_config(args.accelerate_config)
     the_plan = pipeline.plan(recipe)
     lacking = pipeline.machine_problems(recipe)
-    if lacking and args.here:
-        pipeline.preflight(recipe)
+    if args.here:
+        pipeline.preflight(recipe)  # also asks each served model's servers
     for stage in recipe.stages:
         state = "finished" if stage.name in the_plan.done else "to run"
         print(f"  {stage.name:<16} {stage.kind:<10} {state}")

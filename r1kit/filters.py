@@ -144,12 +144,12 @@ def jaccard(a: set, b: set) -> float:
 # Applying them
 
 
-def sample_reason(text: str, tokens: int, truncated: bool, cfg: FilterConfig) -> str | None:
+def sample_reason(text: str, tokens: int | None, truncated: bool, cfg: FilterConfig) -> str | None:
     """The first filter that drops this sample on its own (duplicates aside), or None."""
     cot = chain_of_thought(text)
     if cfg.truncated and truncated:
         return "truncated"
-    if (cfg.max_tokens is not None and tokens > cfg.max_tokens) or (cfg.max_chars is not None and len(text) > cfg.max_chars):
+    if (cfg.max_tokens is not None and tokens is not None and tokens > cfg.max_tokens) or (cfg.max_chars is not None and len(text) > cfg.max_chars):
         return "overlong"
     if cfg.max_paragraph_chars is not None and longest_paragraph(cot) > cfg.max_paragraph_chars:
         return "long_paragraph"
@@ -162,7 +162,7 @@ def sample_reason(text: str, tokens: int, truncated: bool, cfg: FilterConfig) ->
     return None
 
 
-def filter_group(texts: list[str], tokens: list[int], truncated: list[bool], cfg: FilterConfig) -> list[str | None]:
+def filter_group(texts: list[str], tokens: list[int | None], truncated: list[bool], cfg: FilterConfig) -> list[str | None]:
     """Why each of one prompt's samples is dropped (a name from REASONS), or None to keep it.
 
     Samples are taken in order: a duplicate is dropped when it repeats a sample kept before it.

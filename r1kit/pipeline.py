@@ -179,9 +179,13 @@ def machine_problems(recipe: Recipe) -> list[str]:
     return [f"{recipe.source}: {p}" for p in problems]
 
 
-def preflight(recipe: Recipe) -> None:
-    """Refuse to start a run this machine cannot finish (see `machine_problems`)."""
+def preflight(recipe: Recipe, stages: list[str] | None = None) -> None:
+    """Refuse to start a run this machine cannot finish (see `machine_problems`), or whose served
+    models (of `stages`, default all) do not answer as the recipe says."""
+    from r1kit.stages.hooks import server_problems
+
     problems = machine_problems(recipe)
+    problems += [f"{recipe.source}: {p}" for s in recipe.stages if stages is None or s.name in stages for p in server_problems(s)]
     if problems:
         raise RecipeError(problems[0] + (f" (and {len(problems) - 1} more, which r1kit validate lists)" if len(problems) > 1 else ""))
 
@@ -191,7 +195,7 @@ def run(recipe: Recipe, restart_from: str | None = None, world: World | None = N
     this process's place among the run's processes (default: as the launcher's environment says)."""
     world = world or World.from_env()
     meet = functools.partial(stage_process.barrier, world)
-    preflight(recipe)
+    preflight(recipe, plan(recipe, restart_from).todo)  # served models asked for the stages to run only
     meet()  # every process joins the run's group before the main one builds anything
     isolate = stage_process.enabled()
     the_plan = plan(recipe, restart_from)

@@ -306,7 +306,7 @@ def test_bad_input_is_a_one_line_error(bench_file, tmp_path, capsys, argv, expec
 
 def test_model_or_completions_is_required(bench_file, tmp_path, capsys):
     assert main(["eval", "--benchmark", str(bench_file), "--output", str(tmp_path)]) == 2
-    assert "either --model or --completions" in capsys.readouterr().err
+    assert "either --model (or --endpoint) or --completions" in capsys.readouterr().err
 
 
 @pytest.mark.network

@@ -67,6 +67,7 @@ Not here: LLM judges, proofs, interactive problems.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -180,6 +181,7 @@ def _finish(out: Path, bench: Benchmark, rows: list[dict], k: int, head: dict, s
 
 
 SEQUENCES_PER_CALL = 512
+SERVED = ("endpoint", "vllm_server")
 """Samples per generate call: each call's problems are journaled when it returns."""
 
 
@@ -220,6 +222,7 @@ def evaluate(
     *,
     model: str,
     backend: str = "auto",
+    endpoint=None,
     sampler: Callable[[], Any] | None = None,
     shard: int = 0,
     shards: int = 1,
@@ -227,8 +230,9 @@ def evaluate(
 ) -> dict[str, Any] | None:
     """Sample, score and summarize `bench` for `model` into `out_dir`, resuming what is there.
 
-    `sampler` returns the sampler to use (default: `load_sampler(model, backend)`); it is called
-    only when problems are left to generate. Returns the summary (also in summary.json).
+    `sampler` returns the sampler to use (default: `load_sampler(model, backend, endpoint=endpoint)`);
+    it is called only when problems are left to generate. `endpoint`: a served model's settings
+    (r1kit.sampling.base.Endpoint), whose served name the folder records. Returns the summary (also in summary.json).
 
     Problems go in calls of `SEQUENCES_PER_CALL` samples, each seeded by its first problem's
     position. With `shards` > 1 this process samples only the calls whose number (counted from
@@ -240,21 +244,34 @@ def evaluate(
     check_settings(settings)
     out = Path(out_dir)
     head = {"model": model, "completions": None, **dataclasses.asdict(settings)}
+    if backend in SERVED:  # what answered: a folder sampled from one server does not resume from another model
+        head |= {"backend": backend, "served_model": (endpoint.name if endpoint and endpoint.name else model)}
     if not runs_code(bench):  # the sandbox limits change only an evaluation that runs code
         head = {k: v for k, v in head.items() if not k.startswith("code_")}
     claim = {"benchmark": bench.config, **head}
     _refuse_other(out, claim)
-    job = Job(out, claim, len(bench.problems), max(1, SEQUENCES_PER_CALL // settings.samples), bench.name, first=first_call)
+    # A served model answers each problem's request on its own: one problem a journal line, so an
+    # interrupted run asks the server again for no finished problem.
+    per_call = 1 if backend in SERVED else max(1, SEQUENCES_PER_CALL // settings.samples)
+    job = Job(out, claim, len(bench.problems), per_call, bench.name, first=first_call)
 
     def load():  # the model first: one that cannot be loaded leaves the folder as it was
         from r1kit.sampling import load_sampler
 
-        engine = sampler() if sampler else load_sampler(model, backend)
+        engine = sampler() if sampler else load_sampler(model, backend, endpoint=endpoint, log_dir=out)
         _claim(out, claim)
         return engine
 
-    if not job.sample(Problems(bench, settings, shard, shards), load, shard, shards):
-        _claim(out, claim)
+    claimed = (out / "settings.json").exists()
+    try:
+        if not job.sample(Problems(bench, settings, shard, shards), load, shard, shards):
+            _claim(out, claim)
+    except BaseException:
+        if not claimed and not job.index():  # failed before its first sample: the folder as it was
+            (out / "settings.json").unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                out.rmdir()  # when empty (a started server's log stays)
+        raise
     if shards > 1:
         return None
     rows = list(job.records())

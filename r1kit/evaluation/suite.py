@@ -163,8 +163,9 @@ def table(suite: Suite, model: str, summaries: dict[str, dict]) -> tuple[str, di
 
 
 def run_suite(suite: Suite, out_dir: str, *, model: str, backend: str, settings_overrides: dict, data: dict[str, str],
-              limit: int | None = None, seed: int = 0, choice_seed: int = 0, rating_table: str | None = None) -> str:
-    """Evaluate every benchmark of `suite` for `model` into `out_dir`; write and return the table."""
+              limit: int | None = None, seed: int = 0, choice_seed: int = 0, rating_table: str | None = None, endpoint=None) -> str:
+    """Evaluate every benchmark of `suite` for `model` into `out_dir`; write and return the table.
+    `endpoint`: the served model's settings (r1kit.sampling.base.Endpoint) with a served backend."""
     from r1kit.evaluation.benchmarks import load_benchmark
     from r1kit.evaluation.evaluate import Settings, check_settings, evaluate
     from r1kit.files import write_atomic
@@ -179,17 +180,11 @@ def run_suite(suite: Suite, out_dir: str, *, model: str, backend: str, settings_
         settings = Settings(**{**suite.protocol, "samples": e.samples, "seed": seed, **settings_overrides})
         check_settings(settings)
         plan.append((e, bench, settings))
-    engine = []
+    from r1kit.sampling import closing, load_sampler
 
-    def sampler():  # one model load for the whole suite
-        if not engine:
-            from r1kit.sampling import load_sampler
-
-            engine.append(load_sampler(model, backend))
-        return engine[0]
-
-    summaries = {label(e): evaluate(bench, Path(out_dir) / label(e), settings, model=model, backend=backend, sampler=sampler)
-                 for e, bench, settings in plan}
+    with closing(lambda: load_sampler(model, backend, endpoint=endpoint, log_dir=out_dir)) as sampler:  # one model load for the whole suite
+        summaries = {label(e): evaluate(bench, Path(out_dir) / label(e), settings, model=model, backend=backend, endpoint=endpoint, sampler=sampler)
+                     for e, bench, settings in plan}
     text, record = table(suite, model, summaries)
     write_atomic(Path(out_dir) / "suite.json", json.dumps(record, indent=2) + "\n")
     write_atomic(Path(out_dir) / "suite.md", text)

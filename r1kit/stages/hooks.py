@@ -15,6 +15,8 @@ Not here: the checks themselves (r1kit.recipe, r1kit.pipeline), anything that lo
 
 from __future__ import annotations
 
+from r1kit.errors import RecipeError
+
 import dataclasses
 from typing import NamedTuple
 
@@ -59,12 +61,42 @@ def trainer_budgets(stage) -> TokenBudgets:
                         "trainer.vllm_max_model_length", trainer.get("vllm_max_model_length"), bool(trainer.get("use_vllm")))
 
 
+def check_engine(stage) -> None:
+    """A sampling stage's engine settings, as far as they can be checked without asking anything:
+    the served model's (r1kit.sampling.base.Endpoint.problem), and what a chat endpoint cannot do."""
+    problem = stage.endpoint.problem(stage.backend)
+    if problem is None and stage.backend == "endpoint" and stage.endpoint.chat and getattr(stage, "think_prefill", False):
+        problem = "endpoint.chat: the server writes the assistant's turn, so r1kit cannot prefill <think>; set think_prefill: false or chat: false"
+    if problem is None and stage.backend == "endpoint" and stage.endpoint.chat and getattr(stage, "tools", None):
+        problem = "endpoint.chat: tool rollouts continue r1kit's own prompt; use the completions endpoint (chat: false)"
+    if problem:
+        raise RecipeError(f"{stage.name}.{problem}")
+
+
 def engine_problems(stage, gpu: bool) -> list[str]:
-    """A sampling stage whose ``backend: vllm`` is not installed here."""
+    """A sampling stage whose ``backend: vllm`` (or vllm_server) is not installed here, or whose
+    served model's API key variable is not set."""
     from r1kit.sampling import VLLM_MISSING, vllm_available
 
-    if stage.backend == "vllm" and not vllm_available():
+    if stage.backend in ("vllm", "vllm_server") and not vllm_available():
         return [f"{stage.name}.backend: {VLLM_MISSING}; or set backend: transformers (auto takes vLLM on a GPU when it is installed)"]
+    if stage.backend == "endpoint":
+        if lacking := stage.endpoint.machine_problem():
+            return [f"{stage.name}.{lacking}"]
+    return []
+
+
+def server_problems(stage) -> list[str]:
+    """A served model (``backend: endpoint``) that does not answer, refuses the key or does not
+    serve the named model: every URL is asked which models it serves (r1kit.pipeline.preflight)."""
+    from r1kit.sampling.endpoint import EndpointError, probe
+
+    if getattr(stage, "backend", None) != "endpoint" or stage.endpoint.machine_problem():
+        return []
+    try:
+        probe(stage.endpoint, stage.endpoint.name or stage.model)
+    except EndpointError as exc:
+        return [f"{stage.name}.endpoint: {exc}"]
     return []
 
 

@@ -15,7 +15,8 @@ A stage of a recipe (``r1kit run recipes/r1.yaml`` runs it between the two RL ro
       mix: {source: HuggingFaceTB/smoltalk, subset: all, ratio: 0.33}    # non-reasoning conversations
 
 For each prompt the stage samples ``samples`` completions from its input model (the
-previous stage's model) through r1kit.sampling (``backend``: auto, transformers or vllm), scores
+previous stage's model, or a teacher the stage's ``model`` names) through r1kit.sampling
+(``backend``: auto, transformers, vllm, or a served model: endpoint, vllm_server), scores
 them with the rewards, which see the same columns as in a grpo stage (the rendered ``prompt`` and
 the row's other columns), and passes a sample when its weighted reward total reaches
 ``min_total``. The passing samples then meet the filters of r1kit.filters, and at most
@@ -128,7 +129,8 @@ class RejectionStage(PromptStageConfig, SamplingConfig, EngineConfig, ToolFields
     id_column: str = "id"
     """Column identifying a prompt in the rows written; its row number when the column is absent."""
     chunk_prompts: int = 64
-    """Prompts per sampling call and per journal line: the most work a killed run loses."""
+    """Prompts per sampling call and per journal line: the most work a killed run loses (a
+    served model answers ``endpoint.concurrency`` requests' worth of chunks at once)."""
     filters: FilterConfig = field(default_factory=FilterConfig)
     """Filters of the passing samples (r1kit.filters)."""
     mix: MixConfig = field(default_factory=MixConfig)
@@ -143,6 +145,7 @@ def check(stage: RejectionStage) -> None:
     from r1kit.text import SCRIPTS
 
     check_prompting(stage, "a rejection stage needs at least one reward to verify samples")
+    hooks.check_engine(stage)
     stage.check_tools(f"{stage.name}.tools")
     best = reward_registry.best_total(reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards"))
     if best is not None and stage.min_total > best + TOLERANCE:
@@ -208,16 +211,10 @@ class Prompts:
     def __init__(self, ctx: StageContext, rows, rewards):
         self.ctx, self.rows, self.rewards = ctx, rows, rewards
 
-    @functools.cached_property
-    def tokenizer(self):
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(self.ctx.model)
-
     def request(self, chunk: Chunk, sampler: Sampler) -> Request:
         stage = self.ctx.stage
         questions = self.rows[chunk.start : chunk.stop][stage.data.prompt]
-        prompts = [templates.render(stage.template, q, self.tokenizer, stage.think_prefill) for q in questions]
+        prompts = [templates.render(stage.template, q, sampler.tokenizer, stage.think_prefill) for q in questions]
         # Seeds partition by prompt position: a chunk samples the same whether or not a run resumed.
         params = SamplingParams(stage.temperature, stage.top_p, stage.max_tokens, seed=self.ctx.recipe.seed + chunk.start * stage.samples)
         return Request(prompts, stage.samples, params, stage.load_tools() or None)
@@ -299,7 +296,7 @@ def mixed_rows(ctx: StageContext, kept: int) -> Iterator[dict]:
 
 
 def run(ctx: StageContext) -> StageResult:
-    from r1kit.sampling import load_sampler, shard_of
+    from r1kit.sampling import closing, load_sampler, shard_of
 
     stage, cfg = ctx.stage, ctx.stage.data
     rewards = reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards")
@@ -307,16 +304,17 @@ def run(ctx: StageContext) -> StageResult:
     data_lib.require_columns(rows, [cfg.prompt], ctx.resolve_data_source(cfg.source), f"rejection stage {stage.name!r}")
     header = {"stage": to_dict(stage), "model": ctx.model, "seed": ctx.recipe.seed}
     job, work = Job(ctx.dir, header, len(rows), stage.chunk_prompts, stage.name), Prompts(ctx, rows, rewards)
-    sampler = functools.cache(lambda: load_sampler(ctx.model, stage.backend, ctx.processes, **stage.backend_options))
+    load = lambda: load_sampler(ctx.model, stage.backend, ctx.processes, stage.endpoint, ctx.dir, **stage.backend_options)  # noqa: E731
     shard, shards = shard_of(ctx.processes, stage.backend, stage.backend_options)
-    if shard is not None:  # None: a process without an engine of its own (vLLM across several GPUs)
-        job.sample(work, sampler, shard, shards)
-    ctx.barrier()  # every shard is journaled
-    if not ctx.is_main:
-        return StageResult()
-    # Nothing is left, unless another process's journal is not in this folder (the run folder
-    # must be shared by all nodes) or a shard went missing: then this process samples it.
-    job.sample(work, sampler, leftover=shards > 1)
+    with closing(load) as sampler:  # started servers stop at the end, on an error and on Ctrl-C
+        if shard is not None:  # None: a process without an engine of its own (vLLM across several GPUs)
+            job.sample(work, sampler, shard, shards)
+        ctx.barrier()  # every shard is journaled
+        if not ctx.is_main:
+            return StageResult()
+        # Nothing is left, unless another process's journal is not in this folder (the run folder
+        # must be shared by all nodes) or a shard went missing: then this process samples it.
+        job.sample(work, sampler, leftover=shards > 1)
     return publish(ctx, rows, job)
 
 

