@@ -177,7 +177,10 @@ def _cmd_eval(args) -> None:
     settings = Settings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)})
     if args.completions:
         check_settings(settings)
-        summary = score_completions(bench, args.completions, args.output, args.answer_fallback, limits(settings), settings.think_prefill)
+        if args.tools:
+            raise EvalError("--tools runs code while sampling; --completions scores saved generations, whose transcripts hold any tool output: drop --tools")
+        summary = score_completions(bench, args.completions, args.output, args.answer_fallback, limits(settings), settings.think_prefill,
+                                    limited=args.limit is not None)
     else:
         from r1kit.hardware import cpu
 
@@ -414,6 +417,15 @@ def main(argv: list[str] | None = None) -> int:
             COMMANDS[args.command](args)
     except (RecipeError, RewardError) as exc:
         print(f"r1kit: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        from r1kit.errors import unreachable
+
+        if not unreachable(exc):
+            raise
+        first = " ".join(str(exc).split())[:300]
+        print(f"r1kit: error: the Hugging Face Hub cannot be reached ({first}); offline, name local folders and files "
+              "for models and data (r1kit eval: --data-file FILE)", file=sys.stderr)
         return 2
     return 0
 

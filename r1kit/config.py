@@ -295,7 +295,25 @@ def check_trainer_block(config_cls: type, block: Any, where: str) -> dict[str, A
         if key == "output_dir":
             raise RecipeError(f"{where}.output_dir: set by r1kit (output_dir/<stage name>); remove it")
         out[key] = convert(value, hints[key], f"{where}.{key}")
+        allowed = help_choices(config_cls, key)
+        if allowed and out[key] not in allowed:
+            raise RecipeError(f"{where}.{key}: {value!r} is not one of {config_cls.__name__}'s: {', '.join(allowed)}{suggest(str(value), allowed)}")
     return out
+
+
+CHOICE_FIELDS = ("loss_type",)
+"""Trainer fields whose values the trainer library lists in their help and checks only at the
+first step (TRL's GRPOConfig and SFTConfig take any string for ``loss_type``)."""
+
+
+def help_choices(config_cls: type, key: str) -> list[str]:
+    """The values field `key` of `config_cls` allows, as its help lists them ("Supported values
+    are 'a', 'b' and 'c'."), for the fields of `CHOICE_FIELDS`; empty where none are listed."""
+    if key not in CHOICE_FIELDS:
+        return []
+    found = next((f for f in dataclasses.fields(config_cls) if f.name == key), None)
+    match = re.search(r"(?:Supported|Possible) values are:?\s*(.*?)(?:\.\s|\.$)", (found.metadata.get("help") or "") if found else "", re.S)
+    return re.findall(r"[`']([A-Za-z0-9_\-]+)[`']", match.group(1)) if match else []
 
 
 # ---------------------------------------------------------------------------------------------

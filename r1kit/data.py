@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from r1kit.config import DataConfig
-from r1kit.errors import DataError
+from r1kit.errors import DataError, from_hub
 
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
 
@@ -89,7 +89,9 @@ def load_source(source: str, split: str = "train", subset: str | None = None):
         if not rows:
             raise DataError(f"{source}: the file has no rows")
         return _table(rows, source)
-    return datasets.load_dataset(source, subset, split=split)
+    with from_hub(f"dataset {source}", "offline, give a local copy: a .jsonl, .json or .parquet file as the data source "
+                  "(r1kit eval: --data-file FILE, or --data NAME=FILE with --suite)"):
+        return datasets.load_dataset(source, subset, split=split)
 
 
 def load_rows(data: DataConfig, ctx):

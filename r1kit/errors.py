@@ -31,3 +31,42 @@ def suggest(name: str, choices: list[str]) -> str:
 
 class EvalError(RecipeError):
     """Bad evaluation input (benchmark, completions, settings); one line for the user."""
+
+
+class HubUnreachable(RecipeError):
+    """A hub id (dataset, model, tokenizer) could not be fetched: no network, or offline mode."""
+
+
+HUB_ERRORS = ("OfflineModeIsEnabled", "LocalEntryNotFoundError")
+"""huggingface_hub's errors for a file it could not fetch and does not have."""
+HUB_WORDS = ("couldn't connect to 'https://huggingface.co'", "on the Hub")
+"""What transformers' and datasets' messages say when the hub did not answer."""
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether `exc` (or what caused it) says the Hugging Face Hub could not be reached (a
+    connection error of anything else, a server or a sandbox, is not this)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if {t.__name__ for t in type(exc).__mro__} & set(HUB_ERRORS) or any(w in str(exc) for w in HUB_WORDS):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+class from_hub:
+    """``with from_hub("Qwen/Qwen2.5-7B", "name a local folder as the model"):`` turns a failure to
+    reach the hub into one line naming what was asked for and the offline way (`HubUnreachable`)."""
+
+    def __init__(self, what: str, offline: str):
+        self.what, self.offline = what, offline
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if exc is not None and not isinstance(exc, RecipeError) and isinstance(exc, Exception) and unreachable(exc):
+            raise HubUnreachable(f"{self.what}: the Hugging Face Hub cannot be reached (no network or HF_HUB_OFFLINE set); {self.offline}") from None
+        return False
+

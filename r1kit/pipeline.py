@@ -45,7 +45,7 @@ from pathlib import Path
 from r1kit import hardware, stage_process
 from r1kit import stages as stage_registry
 from r1kit.config import Recipe, to_dict
-from r1kit.errors import RecipeError
+from r1kit.errors import RecipeError, from_hub
 from r1kit.files import write_atomic
 from r1kit.hardware import World, precision
 from r1kit.models import ModelRef, resolve
@@ -243,7 +243,9 @@ def run(recipe: Recipe, restart_from: str | None = None, world: World | None = N
             )
             log.info("%s: running (%s) from %s%s", stage.name, stage.kind, start, " in its own process" if isolate else "")
             t0 = time.time()
-            result = stage_process.run(stage.kind, ctx, index) if isolate else stage_process.call(stage.kind, ctx)
+            with from_hub(f"{stage.name}: a hub id it names (model {start}, or a teacher or dataset)",
+                          "offline, name local folders and files for its model, teacher and data"):
+                result = stage_process.run(stage.kind, ctx, index) if isolate else stage_process.call(stage.kind, ctx)
             record = {
                 "fingerprint": digest,
                 "config": config,

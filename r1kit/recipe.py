@@ -172,10 +172,11 @@ def _check_lengths(recipe: Recipe, stage_registry) -> None:
 
 
 def _check_tiny(recipe: Recipe) -> None:
-    """tiny_model and every tiny_models entry take only r1kit.offline.tiny.build_tiny_model's arguments."""
+    """tiny_model and every tiny_models entry take only r1kit.offline.tiny.build_tiny_model's
+    arguments, in a shape it builds (r1kit.offline.tiny.shape_problem)."""
     import inspect
 
-    from r1kit.offline.tiny import build_tiny_model
+    from r1kit.offline.tiny import build_tiny_model, shape_problem
 
     allowed = [p for p in inspect.signature(build_tiny_model).parameters if p not in ("out_dir", "seed")]
     for where, args in [("tiny_model", recipe.tiny_model), *((f"tiny_models.{n}", a) for n, a in recipe.tiny_models.items())]:
@@ -184,21 +185,32 @@ def _check_tiny(recipe: Recipe) -> None:
                 raise RecipeError(f"{where}: unknown key {key!r}{suggest(key, allowed)}; allowed: {', '.join(allowed)}")
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise RecipeError(f"{where}.{key}: expected a whole number of at least 1, got {value!r}")
+        defaults = {k: p.default for k, p in inspect.signature(build_tiny_model).parameters.items() if k in allowed}
+        if problem := shape_problem(**{**defaults, **args}):
+            raise RecipeError(f"{where}: {problem}")
 
 
 def _check_sources(recipe: Recipe, names: set[str], stage_registry) -> None:
-    """What a recipe names that can be checked without loading anything: local files and model
-    folders exist, tasks and their arguments fit their generators, and a near miss of a stage's
-    name is not taken for a hub id."""
+    """What a recipe names that can be checked without loading weights or asking the network:
+    local files and model folders exist, tasks and their arguments fit their generators, a near
+    miss of a stage's name is not taken for a hub id, and what the stage kinds read of the model
+    folders that exist already (`StageKind.local_check`: a distill stage's two tokenizers)."""
     from r1kit.offline import tasks
     from r1kit.data import is_local
     from r1kit.errors import DataError
 
     ModelRef.parse(recipe.model, names).check(recipe, "model")
+    current: str | None = recipe.model  # the model a stage without `model:` starts from, while it is known before the run
     for stage in recipe.stages:
         kind = stage_registry.get(stage.kind)
         for key, ref in kind.models(stage):
             ModelRef.parse(ref, names).check(recipe, f"{stage.name}.{key}")
+        if kind.local_check:
+            refs = {**dict(kind.models(stage)), "model": stage.model or current}
+            folders = {k: r for k, r in refs.items() if r and ModelRef.parse(r, names).form == "folder"}
+            kind.local_check(stage, folders)
+        if kind.trainer_config:
+            current = None  # the stage trains: what comes next starts from a model not written yet
         for where, section in kind.data(stage):
             source = section.source
             if source.startswith("task:"):

@@ -39,11 +39,38 @@ def accuracy_rows(records: dict[str, dict]) -> list[dict]:
     rows = []
     for name, record in records.items():
         metrics = record.get("metrics", {})
-        benches = list(dict.fromkeys(key.split("/")[0] for key in metrics if key.endswith("/pass@1")))  # as listed
+        found = list(dict.fromkeys(key.split("/")[0] for key in metrics if key.endswith("/pass@1")))
+        listed = _listed(record)  # in the stage's order: a record read back from DONE.json has its keys sorted
+        benches = sorted(found, key=lambda b: listed.index(b) if b in listed else len(listed))
         for bench in benches:
             figures = {key.split("/", 1)[1]: value for key, value in metrics.items() if key.startswith(bench + "/")}
-            rows.append({"eval": name, "model": _source_stage(record["input_model"], records), "benchmark": bench, **figures})
+            rows.append({"eval": name, "model": _source_stage(record["input_model"], records), "benchmark": bench, **figures,
+                         "protocol": _protocol((record.get("config") or {}).get("stage", {}))})
     return rows
+
+
+def _protocol(stage: dict) -> str:
+    """How an eval stage sampled, in one line, from its config."""
+    if not stage:
+        return "?"
+    limit = f", the first {stage['limit']} problems only (limit)" if stage.get("limit") is not None else ""
+    prefill = ", <think> prefilled" if stage.get("think_prefill") else ""
+    return (f"{stage.get('samples')} samples a problem at temperature {stage.get('temperature')}, top-p {stage.get('top_p')}, "
+            f"max_tokens {stage.get('max_tokens')}, template {stage.get('template')}{prefill}{limit}")
+
+
+def _listed(record: dict) -> list[str]:
+    """The names of the benchmarks an eval stage's record lists, in its order."""
+    from r1kit.errors import EvalError
+    from r1kit.evaluation.benchmarks import benchmark_name
+
+    names = []
+    for source in (record.get("config") or {}).get("stage", {}).get("benchmarks", []):
+        try:
+            names.append(benchmark_name(source))
+        except EvalError:
+            pass
+    return names
 
 
 def _fmt(value) -> str:
@@ -63,7 +90,9 @@ def accuracy_table(rows: list[dict]) -> str:
     for row in rows:
         lines.append("| " + " | ".join(_fmt(row.get(c)) if c in tools else _fmt(row.get(c, "")) for c in cols) + " |")
     note = "\n\ntool_calls: tool calls per sample (- where the eval ran without tools); pass@1 over the samples with and without a call." if tools else ""
-    return "\n".join(lines) + note
+    ways = dict.fromkeys((r["eval"], r.get("protocol", "?")) for r in rows)
+    measured = "\n".join(f"{name}: {way}" for name, way in ways)
+    return "\n".join(lines) + note + "\n\nMeasured with:\n" + measured
 
 
 def pass_at_1_table(rows: list[dict]) -> str:

@@ -77,6 +77,11 @@ def load_plugin(name: str, group: str, kind: str) -> Callable:
     ``module:function`` string; errors name the `kind` of plug-in (reward, tool)."""
     if ":" in name:
         module_name, _, attr = name.partition(":")
+        if not all(part.isidentifier() for part in module_name.split(".")):
+            raise RewardError(
+                f"{kind} {name!r}: {module_name!r} is not a module name (dotted Python names, not a path); "
+                "put the file beside the recipe or in the current folder and write FILE:FUNCTION"
+            )
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
@@ -219,10 +224,11 @@ class Reward:
                 f"reward {self.name!r} returned {got} for {len(completions)} completions; "
                 "a reward returns one float or None per completion"
             )
-        bad = next(((i, s) for i, s in enumerate(scores) if s is not None and not _is_number(s)), None)
+        bad = next(((i, s) for i, s in enumerate(scores) if s is not None and not (_is_number(s) and math.isfinite(float(s)))), None)
         if bad is not None:
             raise RewardError(
-                f"reward {self.name!r} returned {bad[1]!r} for completion {bad[0]}; a reward returns one float or None per completion"
+                f"reward {self.name!r} returned {bad[1]!r} for completion {bad[0]}; a reward returns one finite float, "
+                "or None where it does not apply, per completion"
             )
         return [None if s is None else float(s) for s in scores]
 

@@ -100,5 +100,29 @@ def test_a_reward_module_beside_the_recipe_is_found_and_its_failures_are_one_lin
     capsys.readouterr()
     with pytest.raises(RewardError, match=r"reward 'beside_rewards:raises' raised ValueError: could not convert string to float: 'x' \(at .*beside_rewards.py:\d+\); the batch had columns: answer"):
         rewards.build("beside_rewards:raises")(["c"], answer=["x"])
-    with pytest.raises(RewardError, match="reward 'beside_rewards:words' returned 'yes' for completion 0; a reward returns one float or None"):
+    with pytest.raises(RewardError, match="reward 'beside_rewards:words' returned 'yes' for completion 0; a reward returns one finite float"):
         rewards.build("beside_rewards:words")(["c"])
+
+
+def test_a_reward_returning_nan_or_infinity_fails_in_one_line(tmp_path, monkeypatch, capsys):
+    """`rewards score` printed invalid JSON (`NaN`) with exit 0 and GRPO logged null: a score that
+    is not finite is the reward's bug, named with the completion it scored."""
+    (tmp_path / "nan_rewards.py").write_text("def nan(completions, **kw):\n    return [0.5, float('nan')][: len(completions)]\n"
+                                             "def inf(completions, **kw):\n    return [float('-inf')] * len(completions)\n")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.jsonl").write_text('{"completion": "a"}\n{"completion": "b"}\n')
+    for name, says in [("nan_rewards:nan", "returned nan for completion 1"), ("nan_rewards:inf", "returned -inf for completion 0")]:
+        assert main(["rewards", "score", name, "--input", "in.jsonl"]) == 2
+        out = capsys.readouterr()
+        assert says in out.err and "a reward returns one finite float" in out.err and out.out == ""
+
+
+@pytest.mark.parametrize("name", ["../rec/badrew:boom", ".badrew:boom", "rec/badrew:boom"])
+def test_a_path_given_as_a_reward_module_is_one_line(tmp_path, capsys, name):
+    """A path (or a name starting with '.') crashed import_module with a TypeError traceback."""
+    recipe = tmp_path / "r.yaml"
+    stage = {"name": "rl", "kind": "grpo", "data": {"source": "task:addition"}, "rewards": [{"name": name}]}
+    recipe.write_text(json.dumps({"model": "tiny", "output_dir": str(tmp_path / "run"), "stages": [stage]}))
+    assert main(["validate", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert "is not a module name (dotted Python names, not a path)" in err and err.count("\n") == 1

@@ -377,7 +377,8 @@ def test_eval_stages_around_training_report_per_stage(write_recipe, tiny_model, 
     capsys.readouterr()
     assert main(["eval", "compare", str(run / "before"), str(run / "after")]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert len(table) == 4 and table[2].startswith(f"| {run / 'before' / 'addition'} |") and table[3].startswith(f"| {run / 'after' / 'addition'} |")
+    assert table[4:] == ["", "measured with: 16 problems, 4 samples each at temperature 0.6, top-p 0.95, max_tokens 48, template plain"]
+    assert table[2].startswith(f"| {run / 'before' / 'addition'} |") and table[3].startswith(f"| {run / 'after' / 'addition'} |")
 
 
 def test_bad_eval_stage_is_a_recipe_error(write_recipe, tiny_model, capsys):

@@ -101,7 +101,7 @@ def test_the_endpoint_samples_what_in_process_vllm_samples(tmp_path, model, loca
     settings = ev.Settings(samples=samples, max_tokens=16, temperature=temperature, template="plain", seed=3)
     here = ev.evaluate(bench, tmp_path / "here", settings, model=str(model), backend="vllm", sampler=lambda: local)
     there = ev.evaluate(bench, tmp_path / "there", settings, model=str(model), backend="endpoint", sampler=lambda: remote)
-    again = ev.evaluate(bench, tmp_path / "again", settings, model=str(model), backend="endpoint", sampler=lambda: remote)
+    ev.evaluate(bench, tmp_path / "again", settings, model=str(model), backend="endpoint", sampler=lambda: remote)
     assert rows(tmp_path / "there") == rows(tmp_path / "here") == rows(tmp_path / "again")
     assert there["pass@1"] == here["pass@1"] and there["mean_tokens"] == here["mean_tokens"]
     assert len({r["completion"] for r in rows(tmp_path / "there")}) > 1  # not one completion for everything

@@ -49,7 +49,13 @@ def test_r1_suite_writes_one_table_on_the_tiny_model(tiny_model, tmp_path, capsy
         summary = json.loads((out / name / "summary.json").read_text())
         assert summary["samples"] == 2 and summary["temperature"] == 0.6 and summary["max_tokens"] == 8
         assert record["measured"][f"{name} pass@1"] == round(100 * summary["pass@1"], 4)  # percent, as in the table
-    assert record["measured"]["aime24 cons@64"] is None  # k was 2: no cons@64, printed as -
+    # k was 2: the cons@64 column shows cons@2, saying so, where it printed - (issue: tables that hide their protocol)
+    aime = json.loads((out / "aime24" / "summary.json").read_text())
+    assert record["measured"]["aime24 cons@64"] == round(100 * aime["cons@2"], 4) and record["stand_ins"] == {"aime24 cons@64": "cons@2"}
+    assert f"{100 * aime['cons@2']:.1f} (cons@2)" in lines[2]
+    assert "- aime24: 2 problems (the first 2 only: --limit), 2 samples each at temperature 0.6, top-p 0.95, max_tokens 8, template r1_zero" in table
+    assert record["protocol"]["aime24"] == {"problems": 2, "limit": 2, "samples": 2, "temperature": 0.6, "top_p": 0.95, "max_tokens": 8,
+                                            "template": "r1_zero", "think_prefill": False, "completions": None}
     assert "rating" in json.loads((out / "codeforces" / "summary.json").read_text())
     assert json.loads((out / "gpqa_diamond" / "summary.json").read_text())["choice_seed"] == 0
     # A rerun finds every evaluation finished and only rewrites the table.
@@ -72,6 +78,9 @@ def test_a_suite_of_ones_own(tiny_model, tmp_path, capsys):
         ("name: x\nbenchmarks: [{benchmark: aime24, samples: 4, report: [cons@64]}]\n", "benchmarks[0].report: 'cons@64' is not a figure; at k=4"),
         ("name: x\nprotocol: {temprature: 0.6}\nbenchmarks: [{benchmark: aime24}]\n", "protocol: unknown key 'temprature'"),
         ("name: [x\n", "not valid YAML at line"),
+        ("name: x\nbenchmarks: [{benchmark: humaneval, samples: 4, report: [pass@1, cons@4]}]\n",
+         "benchmarks[0].report: 'cons@4': humaneval is a code benchmark, whose samples do not vote; report pass@k"),
+        ("name: x\nbenchmarks: [{benchmark: aime24, report: [rating]}]\n", "benchmarks[0].report: 'rating': aime24's problems carry no Codeforces ratings"),
         ("name: x\nbenchmarks: [{benchmark: aime24}, {benchmark: data/aime24.jsonl}]\n", "benchmarks must list each benchmark once (by its name: aime24, aime24)"),
         ("name: x\nbenchmarks: [{benchmark: aime24}]\npublished: {source: s, models: {M: {aime24 pass@l: 1}}}\n",
          "published.models.M: 'aime24 pass@l' is no column of the table"),
@@ -82,7 +91,7 @@ def test_bad_suites_are_one_line_errors(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(EvalError, match=None) as caught:
         load_suite(str(path))
-    assert str(path) in str(caught.value) and message in str(caught.value)
+    assert str(caught.value).startswith(f"{path}: ") and message in str(caught.value)  # one form: FILE: key.path: what
 
 
 @pytest.mark.parametrize(

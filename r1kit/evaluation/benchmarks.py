@@ -104,6 +104,9 @@ class Benchmark:
     """How the problems were read (source, field names, task arguments): a resumed run must match."""
     rating_table: str | None = None
     """A JSON file of Codeforces' rating distribution, for the percentile of the estimated rating."""
+    limit: int | None = None
+    """The problems are the first `limit` of the benchmark (--limit); a folder resumes across limits
+    (a larger one samples only the new problems), its summary records the one it was made with."""
 
     @property
     def domain(self) -> str:
@@ -268,7 +271,7 @@ def load_benchmark(
         config["data_file"] = data_file
     if any(p.choices is not None for p in problems):
         config["choice_seed"] = choice_seed  # decides the order the choices are shown in
-    return Benchmark(name, source, problems, config, rating_table)
+    return Benchmark(name, source, problems, config, rating_table, limit)
 
 
 def _check_own_limits(tests: Tests, where: str) -> None:

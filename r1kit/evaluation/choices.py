@@ -147,8 +147,9 @@ def answer_letter(completion: str, choices: list[str], prefilled: bool = False) 
 
 def hub_rows(rows: list[dict], source: str) -> list[dict]:
     """Rows of GPQA's hub schema (``Question``, ``Correct Answer``, ``Incorrect Answer 1..3``,
-    ``Record ID``) as rows of r1kit's: ``id``, ``problem``, ``choices`` (the correct one first) and
-    ``answer`` ``"A"``; rows already in r1kit's schema pass as they are."""
+    ``Record ID``, ``High-level domain``) as rows of r1kit's: ``id``, ``problem``, ``choices`` (the
+    correct one first), ``answer`` ``"A"`` and ``subject`` (Physics, Chemistry, Biology: the
+    breakdown); rows already in r1kit's schema pass as they are."""
     out = []
     for i, row in enumerate(rows, 1):
         if "choices" in row:
@@ -160,7 +161,8 @@ def hub_rows(rows: list[dict], source: str) -> list[dict]:
                 f"{source}: row {i} has neither 'choices' nor GPQA's fields (missing {', '.join(map(repr, missing))})"
             )
         wrong = [row[k] for k in ("Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3") if row.get(k) is not None]
-        out.append({"id": row.get("Record ID", str(i - 1)), "problem": row["Question"], "choices": [row["Correct Answer"], *wrong], "answer": "A"})
+        subject = {"subject": row["High-level domain"]} if row.get("High-level domain") is not None else {}  # the per-subject breakdown
+        out.append({"id": row.get("Record ID", str(i - 1)), "problem": row["Question"], "choices": [row["Correct Answer"], *wrong], "answer": "A", **subject})
     return out
 
 

@@ -168,7 +168,7 @@ def limits(settings: Protocol) -> Limits:
 
 
 def _finish(out: Path, bench: Benchmark, rows: list[dict], k: int, head: dict, sandbox: Limits) -> dict:
-    summary = {"benchmark": bench.name, "source": bench.source, "domain": bench.domain, **head}
+    summary = {"benchmark": bench.name, "source": bench.source, "domain": bench.domain, **head, "limit": bench.limit}
     if bench.config.get("task_args"):
         summary["task_args"] = bench.config["task_args"]  # what decided a task benchmark's problems
     if "choice_seed" in bench.config:
@@ -295,13 +295,14 @@ def _completion(path: Path, lineno: int, row: dict):
 
 def score_completions(
     bench: Benchmark, completions: str | Path, out_dir: str | Path, fallback: str = "none",
-    sandbox: Limits | None = None, prefilled: bool = False,
+    sandbox: Limits | None = None, prefilled: bool = False, limited: bool = False,
 ) -> dict[str, Any]:
     """Score existing generations: rows {"id", "completion"} (optionally "sample", "tokens",
     "truncated"), the same number of rows for every problem (k samples each), a problem's in the
     order of their "sample" numbers where they carry them (else as listed: cons@k breaks ties by
     that order); code runs under `sandbox` (default: the protocol's limits); `prefilled`: their
-    prompts opened <think>."""
+    prompts opened <think>; `limited`: `bench` holds the first problems only (--limit), and rows
+    of the others are left out."""
     from r1kit.data import read_jsonl
 
     path = Path(completions)
@@ -324,7 +325,10 @@ def score_completions(
     given = {i: [c for _, c in rows] for i, rows in given.items()}
     ids = [p.id for p in bench.problems]
     unknown = sorted(set(given) - set(ids))
-    if unknown:
+    if unknown and limited:  # a file for the whole benchmark, scored on its first N problems
+        log.info("%s: %d ids beyond --limit (or not in %s) left out", path, len(unknown), bench.name)
+        given = {i: c for i, c in given.items() if i in set(ids)}
+    elif unknown:
         raise EvalError(f"{path}: {len(unknown)} ids are not in benchmark {bench.name}: {', '.join(unknown[:10])}")
     missing = [i for i in ids if i not in given]
     if missing:
@@ -354,8 +358,22 @@ def score_completions(
 # Tables and the command line
 
 
+def protocol_line(summary: dict) -> str:
+    """How a benchmark's figures were measured, in one line (a table says it beside its figures)."""
+    limit = f" (the first {summary['limit']} only: --limit)" if summary.get("limit") is not None else ""
+    problems, samples = summary.get("problems", "?"), summary.get("samples", "?")
+    if summary.get("unscorable"):  # rows without a usable reference answer: not in the figures, and said so
+        limit += f" ({summary['unscorable']} more without a usable reference answer, left out)"
+    if summary.get("completions"):
+        return f"{problems} problems{limit}, {samples} samples each, scored from {summary['completions']}"
+    prefill = " with <think> prefilled" if summary.get("think_prefill") else ""
+    return (f"{problems} problems{limit}, {samples} samples each at temperature {summary.get('temperature')}, "
+            f"top-p {summary.get('top_p')}, max_tokens {summary.get('max_tokens')}, template {summary.get('template')}{prefill}")
+
+
 def table(summaries: list[dict], labels: list[str] | None = None) -> str:
-    """A markdown table of summaries: one row each; rates in percent."""
+    """A markdown table of summaries: one row each, rates in percent; then the protocol that
+    measured them (`protocol_line`), once when every row shares it."""
     labels = labels or [s["model"] or s["completions"] for s in summaries]
 
     def pct(value):
@@ -367,6 +385,11 @@ def table(summaries: list[dict], labels: list[str] | None = None) -> str:
         tokens = "-" if s["mean_tokens"] is None else f"{s['mean_tokens']:.0f}"
         cells = [label, s["benchmark"], s["problems"], k, pct(s["pass@1"]), pct(s.get(f"cons@{k}")), pct(s[f"pass@{k}"]), tokens, pct(s["truncated"])]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
-    return "\n".join(lines) + "\n"
+    ways = {(label, s["benchmark"]): protocol_line(s) for label, s in zip(labels, summaries)}
+    if len(set(ways.values())) == 1:
+        notes = [f"measured with: {next(iter(ways.values()))}"]
+    else:
+        notes = [f"{label} {bench}: {way}" for (label, bench), way in ways.items()]
+    return "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
 
 

@@ -90,13 +90,15 @@ def load_suite(name_or_path: str) -> Suite:
         raise EvalError(f"{name_or_path}: no such suite; use a built-in one ({known}) or a .yaml file")
     try:
         raw = parse_yaml(path.read_text())
-        suite = from_dict(Suite, raw, str(path))
-        from_dict(Protocol, suite.protocol, f"{path}: protocol")
+        if not isinstance(raw, dict):
+            raise RecipeError("a suite is a mapping with name, protocol and benchmarks")
+        suite = from_dict(Suite, raw, "")  # keys as `benchmarks[0].samples`, after the file's name: one form for every error
+        from_dict(Protocol, suite.protocol, "protocol")
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         raise EvalError(f"{path}: not valid YAML{f' at line {mark.line + 1}' if mark else ''}: {getattr(exc, 'problem', exc)}") from None
     except RecipeError as exc:
-        raise EvalError(str(exc)) from None
+        raise EvalError(f"{path}: {exc}") from None
     names = [label(e) for e in suite.benchmarks]
     if not names or len(set(names)) != len(names):
         raise EvalError(f"{path}: benchmarks must list each benchmark once (by its name: {', '.join(names)}), and at least one")
@@ -107,6 +109,9 @@ def load_suite(name_or_path: str) -> Suite:
         odd = [f for f in e.report if f not in figures]
         if odd or not e.report:
             raise EvalError(f"{path}: benchmarks[{i}].report: {odd[0] if odd else 'nothing'!r} is not a figure; at k={e.samples}: {', '.join(figures)}")
+        never = next((why for f in e.report if (why := uncomputable(e.benchmark, f))), None)
+        if never:
+            raise EvalError(f"{path}: benchmarks[{i}].report: {never}")
     columns = {f"{label(e)} {figure}" for e in suite.benchmarks for figure in e.report}
     for model, figures in (suite.published.models if suite.published else {}).items():
         stray = sorted(set(figures) - columns)
@@ -119,6 +124,31 @@ def figures_of(k: int) -> list[str]:
     """The summary figures a table may show at k samples (a figure a benchmark lacks prints as -)."""
     ks = sorted({2**e for e in range(k.bit_length()) if 2**e <= k} | {k})
     return [*(f"pass@{j}" for j in ks), f"cons@{k}", "rating", "percentile", "mean_tokens", "truncated", "no_answer"]
+
+
+def uncomputable(benchmark: str, figure: str) -> str | None:
+    """Why a built-in `benchmark` never has `figure`, or None: cons@k is a vote over answers (no
+    code benchmark has one), a rating needs problems with ratings (Codeforces). A benchmark
+    file's domain is known once it is read: not checked here."""
+    from r1kit.evaluation.benchmarks import BENCHMARKS, CHOICE_BENCHMARKS, CODE_BENCHMARKS
+
+    if figure.startswith("cons@") and benchmark in CODE_BENCHMARKS:
+        return f"{figure!r}: {benchmark} is a code benchmark, whose samples do not vote; report pass@k"
+    if figure in ("rating", "percentile") and (benchmark in BENCHMARKS or benchmark in CHOICE_BENCHMARKS or
+                                                benchmark in CODE_BENCHMARKS and benchmark != "codeforces"):
+        return f"{figure!r}: {benchmark}'s problems carry no Codeforces ratings; only codeforces has a {figure}"
+    return None
+
+
+def measured(summary: dict, figure: str) -> tuple[object, str]:
+    """The value of `figure` in `summary`, and a note when another k stood in: a suite asking for
+    cons@64 of a run of 16 samples shows cons@16, saying so."""
+    if figure in summary or "@" not in figure:
+        return summary.get(figure), ""
+    kind, k = figure.split("@")[0], summary.get("samples")
+    if k is not None and int(figure.split("@")[1]) > k and f"{kind}@{k}" in summary:
+        return summary[f"{kind}@{k}"], f" ({kind}@{k})"
+    return None, ""
 
 
 def label(entry: Entry) -> str:
@@ -141,11 +171,12 @@ def table(suite: Suite, model: str, summaries: dict[str, dict]) -> tuple[str, di
     """The markdown table and its JSON form: the measured row, then the published ones."""
     columns = [(label(e), figure) for e in suite.benchmarks for figure in e.report]
     heads = [f"{name} {figure}" for name, figure in columns]
-    measured = {f"{name} {figure}": summaries[name].get(figure) for name, figure in columns}
-    cells = [_cell(f, measured[h]) for (_, f), h in zip(columns, heads)]
+    found = {h: measured(summaries[name], figure) for (name, figure), h in zip(columns, heads)}
+    values = {h: value for h, (value, _) in found.items()}
+    cells = [_cell(f, values[h]) + found[h][1] for (_, f), h in zip(columns, heads)]
     for i, (name, figure) in enumerate(columns):  # a rating at the end of the range is a bound
         if figure == "rating" and summaries[name].get("rating_clipped"):
-            cells[i] = ("<= " if measured[heads[i]] < 2000 else ">= ") + cells[i]
+            cells[i] = ("<= " if values[heads[i]] < 2000 else ">= ") + cells[i]
     lines = ["| model | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
     lines.append(f"| {model} (measured) | " + " | ".join(cells) + " |")
     published = suite.published.models if suite.published else {}
@@ -153,12 +184,18 @@ def table(suite: Suite, model: str, summaries: dict[str, dict]) -> tuple[str, di
         row = [_cell(f, figures.get(h), published=True) for (_, f), h in zip(columns, heads)]
         lines.append(f"| {name} (published) | " + " | ".join(row) + " |")
     text = "\n".join(lines) + "\n"
+    from r1kit.evaluation.evaluate import protocol_line
+
+    text += "\nMeasured with:\n" + "".join(f"- {name}: {protocol_line(summaries[name])}\n" for name in dict.fromkeys(n for n, _ in columns))
     if suite.published:
         text += f"\nPublished rows: {suite.published.source}; not measured here.\n"
     # suite.json in the table's units: rates in percent, as the published figures are.
-    as_shown = {h: None if v is None else v if f in NOT_RATES else round(100 * v, 4) for ((_, f), h), v in zip(zip(columns, heads), measured.values())}
+    as_shown = {h: None if v is None else v if f in NOT_RATES else round(100 * v, 4) for ((_, f), h), v in zip(zip(columns, heads), values.values())}
+    keys = ("problems", "limit", "samples", "temperature", "top_p", "max_tokens", "template", "think_prefill", "completions")
     data = {"suite": suite.name, "model": model, "units": "rates in percent; rating and percentile as they are",
-            "measured": as_shown, "published": dataclasses.asdict(suite.published) if suite.published else None}
+            "measured": as_shown, "stand_ins": {h: note.strip(" ()") for h, (_, note) in found.items() if note},
+            "protocol": {name: {k: summaries[name].get(k) for k in keys} for name in dict.fromkeys(n for n, _ in columns)},
+            "published": dataclasses.asdict(suite.published) if suite.published else None}
     return text, data
 
 

@@ -139,11 +139,20 @@ class ToolFields:
 
 
 def from_recipe(specs: list, where: str) -> list[ToolConfig]:
-    """Tool configs from a recipe's ``tools`` list: names, or mappings of a name and bounds."""
-    from r1kit.config import from_dict
+    """Tool configs from a recipe's ``tools`` list: names, or mappings of a name and bounds (on
+    the command line a YAML mapping in braces: ``--tools '{name: python, calls: 2}'``)."""
+    import yaml
+
+    from r1kit.config import from_dict, parse_yaml
 
     configs = []
     for i, spec in enumerate(specs):
+        if isinstance(spec, str) and spec.lstrip().startswith("{"):
+            try:
+                spec = parse_yaml(spec)
+            except yaml.YAMLError as exc:
+                raise RecipeError(f"{where}[{i}]: {spec!r} is not a YAML mapping ({getattr(exc, 'problem', exc)}); "
+                                  "write {name: python, calls: 2}") from None
         config = from_dict(ToolConfig, {"name": spec} if isinstance(spec, str) else spec, f"{where}[{i}]")
         problem = config.problem()
         if problem:

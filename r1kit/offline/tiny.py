@@ -89,6 +89,17 @@ def build_tokenizer(vocab_size: int = 400, seed: int = 0, extra: list[str] | Non
     return fast
 
 
+def shape_problem(hidden_size: int = 64, num_heads: int = 2, num_kv_heads: int = 1, **_) -> str | None:
+    """What keeps these arguments from making a model every backend runs, in one line, or None:
+    heads that split the hidden size into parts of at least 32 (vLLM's CPU attention takes no
+    smaller head), and query heads a multiple of the key-value heads."""
+    if hidden_size % num_heads or hidden_size // num_heads < 32:
+        return f"hidden_size / num_heads must be a whole number of at least 32 (the head size), got {hidden_size} / {num_heads}"
+    if num_heads % num_kv_heads:
+        return f"num_heads must be a multiple of num_kv_heads, got {num_heads} and {num_kv_heads}"
+    return None
+
+
 def build_tiny_model(
     out_dir: str | Path,
     hidden_size: int = 64,
@@ -112,8 +123,9 @@ def build_tiny_model(
 
     from r1kit.offline import corpus
 
-    if hidden_size // num_heads < 32:
-        raise ValueError(f"tiny model: head_dim = hidden_size / num_heads must be >= 32, got {hidden_size // num_heads}")
+    problem = shape_problem(hidden_size, num_heads, num_kv_heads)
+    if problem:
+        raise ValueError(f"tiny model: {problem}")
     out_dir = Path(out_dir)
     extra = corpus.documents(2000, seed) if pretrain_steps else None
     tokenizer = build_tokenizer(vocab_size=vocab_size, seed=seed, extra=extra)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from r1kit.errors import RecipeError
+from r1kit.errors import RecipeError, from_hub
 from r1kit.hardware import World, precision
 from r1kit.models import looks_local
 
@@ -58,6 +58,12 @@ def load_sampler(model: str, backend: str = "auto", world: World | None = None, 
     this process's place among a distributed run's processes, which picks a vLLM engine's GPUs
     (default: as the launcher's environment says). `endpoint`: the served model's settings
     (endpoint, vllm_server); `log_dir`: where started servers write their logs."""
+    with from_hub(f"model {model}", "offline, name a local model folder (or a .gguf file) as the model"):
+        return _load(model, backend, world, endpoint, log_dir, **options)
+
+
+def _load(model: str, backend: str, world: World | None, endpoint: Endpoint | None, log_dir: str | Path, **options) -> Sampler:
+    """The sampler `load_sampler` returns, hub errors aside."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if looks_local(model) and not Path(model).expanduser().is_dir():

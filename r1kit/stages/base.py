@@ -34,6 +34,9 @@ class StageKind:
     """What this machine (with a CUDA GPU or not) lacks for the stage, one line each."""
     bf16: Callable[[Any], dict[str, bool]] = lambda stage: {}
     """The stage's settings that ask for bfloat16 (key: asked), for r1kit.hardware.precision."""
+    local_check: Callable[[Any, dict[str, str]], None] | None = None
+    """Checks that read the model folders the stage names, where they exist before the run (key:
+    folder; ``model`` is the model the stage starts from): tokenizers and configs, never weights."""
     plots_rl: bool = False
     """The stage logs RL figures per step (metrics.jsonl): the report plots them and tabulates tool calls."""
 

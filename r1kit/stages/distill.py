@@ -68,6 +68,17 @@ def check(stage: DistillStage) -> None:
         raise RecipeError(f"{stage.name}.template: {problem}")
 
 
+def local_check(stage: DistillStage, folders: dict[str, str]) -> None:
+    """Student and teacher folders that exist before the run: their tokenizers, compared when the
+    recipe is read (`compatible`)."""
+    if "model" in folders and "teacher" in folders:
+        from transformers import AutoTokenizer
+
+        student, teacher = folders["model"], folders["teacher"]
+        compatible(AutoTokenizer.from_pretrained(student), AutoTokenizer.from_pretrained(teacher), student, teacher,
+                   stage.template == "chat", f"{stage.name}.teacher")
+
+
 def teacher_path(ctx: StageContext) -> str:
     """The teacher's folder or hub id: an earlier stage's model, or a model reference resolved as the run's are."""
     return resolve(ctx.stage.teacher, ctx.recipe, ctx.models)
@@ -129,5 +140,5 @@ DEFAULTS = {"logging_steps": 10}
 STAGE = StageKind(
     config=DistillStage, run=run, trainer_config=lambda: __import__("trl").DistillationConfig, check=check,
     trainer_defaults=lambda stage: DEFAULTS, models=lambda stage: hooks.model_refs(stage) + [("teacher", stage.teacher)],
-    data=hooks.data_sections, machine_problems=hooks.trainer_problems, bf16=hooks.trainer_bf16,
+    data=hooks.data_sections, machine_problems=hooks.trainer_problems, bf16=hooks.trainer_bf16, local_check=local_check,
 )

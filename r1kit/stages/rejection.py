@@ -70,7 +70,6 @@ Not here: training on the rows (sft / grpo stages).
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
