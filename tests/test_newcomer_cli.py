@@ -55,3 +55,22 @@ def test_a_problem_without_an_answer_is_said_beside_the_figures(tmp_path, capsys
     gen.write_text('{"id": "a", "completion": "\\\\boxed{2}"}\n{"id": "b", "completion": "\\\\boxed{4}"}\n')
     assert main(["eval", "--benchmark", str(bench), "--completions", str(gen), "--samples", "1", "--output", str(tmp_path / "o")]) == 0
     assert "measured with: 1 problems (1 more without a usable reference answer, left out), 1 samples each" in capsys.readouterr().out
+
+
+def test_ratings_are_said_and_a_clipped_one_is_a_bound(tmp_path, capsys):
+    """Rating and percentile were missing from the printed table, and percentile 100.0 stood beside
+    rating_clipped: true as if measured; --rating-table on a benchmark without ratings was ignored."""
+    from r1kit.evaluation.evaluate import figure_lines
+    from r1kit.evaluation.suite import load_suite, table
+
+    assert figure_lines({"rating": 1432.3, "rating_clipped": False, "percentile": 61.23}) == ["estimated rating 1432, percentile 61.2"]
+    assert figure_lines({"rating": 4000.0, "rating_clipped": True})[0] == (
+        "estimated rating 4000, no percentile (give --rating-table FILE) (a bound: the estimate reached the end of its range)")
+    summaries = {"aime24": {"pass@1": 0.25}, "math500": {"pass@1": 0.8}, "gpqa_diamond": {"pass@1": 0.3}, "livecodebench": {"pass@1": 0.1},
+                 "codeforces": {"pass@1": 1.0, "rating": 4000.0, "rating_clipped": True, "percentile": 100.0}}
+    text = table(load_suite("r1"), "m", summaries)[0]
+    assert "| 100.0 | >= 4000 | >= 100.0 |" in text and "- codeforces: estimated rating 4000, percentile 100.0 (a bound" in text
+    rating_table = tmp_path / "table.json"
+    rating_table.write_text(json.dumps([[1000, 50], [1500, 30]]))
+    assert main(["eval", "--benchmark", "task:addition", "--model", "m", "--output", str(tmp_path / "o"), "--rating-table", str(rating_table)]) == 2
+    assert "--rating-table gives Codeforces' rating distribution, but no problem here has a rating" in capsys.readouterr().err

@@ -21,3 +21,8 @@ def test_the_hub_schemas_high_level_domain_is_the_breakdown(tmp_path):
     assert main(["eval", "--benchmark", "gpqa_diamond", "--data-file", str(copy), "--completions", str(gen), "--output", str(tmp_path / "e")]) == 0
     breakdown = json.loads((tmp_path / "e" / "summary.json").read_text())["breakdown"]
     assert breakdown["subject"] == {"Chemistry": {"problems": 1, "pass@1": 1.0}, "Physics": {"problems": 2, "pass@1": 1.0}}
+
+
+def test_the_printed_table_shows_the_breakdown(tmp_path, capsys):
+    test_the_hub_schemas_high_level_domain_is_the_breakdown(tmp_path)
+    assert "gpqa_diamond: pass@1 by subject (problems): Chemistry 100.0 (1), Physics 100.0 (2)" in capsys.readouterr().out

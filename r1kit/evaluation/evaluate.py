@@ -390,6 +390,24 @@ def table(summaries: list[dict], labels: list[str] | None = None) -> str:
         notes = [f"measured with: {next(iter(ways.values()))}"]
     else:
         notes = [f"{label} {bench}: {way}" for (label, bench), way in ways.items()]
+    for label, s in zip(labels, summaries):
+        who = f"{label} {s['benchmark']}" if len(summaries) > 1 else s["benchmark"]
+        notes += [f"{who}: {line}" for line in figure_lines(s)]
     return "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
+
+
+def figure_lines(summary: dict) -> list[str]:
+    """What a summary holds beyond the table's columns, a line each: the Codeforces rating and its
+    percentile (a bound where the estimate hit the end of its range), and pass@1 per group of each
+    breakdown (subject, level, ...)."""
+    lines = []
+    if summary.get("rating") is not None:
+        bound = " (a bound: the estimate reached the end of its range)" if summary.get("rating_clipped") else ""
+        share = f", percentile {summary['percentile']:.1f}" if summary.get("percentile") is not None else ", no percentile (give --rating-table FILE)"
+        lines.append(f"estimated rating {summary['rating']:.0f}{share}{bound}")
+    for key, groups in (summary.get("breakdown") or {}).items():
+        parts = ", ".join(f"{name} {100 * g['pass@1']:.1f} ({g['problems']})" for name, g in groups.items() if g.get("pass@1") is not None)
+        lines.append(f"pass@1 by {key} (problems): {parts}")
+    return lines
 
 

@@ -175,8 +175,9 @@ def table(suite: Suite, model: str, summaries: dict[str, dict]) -> tuple[str, di
     values = {h: value for h, (value, _) in found.items()}
     cells = [_cell(f, values[h]) + found[h][1] for (_, f), h in zip(columns, heads)]
     for i, (name, figure) in enumerate(columns):  # a rating at the end of the range is a bound
-        if figure == "rating" and summaries[name].get("rating_clipped"):
-            cells[i] = ("<= " if values[heads[i]] < 2000 else ">= ") + cells[i]
+        if figure in ("rating", "percentile") and summaries[name].get("rating_clipped") and values[heads[i]] is not None:
+            low = summaries[name].get("rating", 0) < 2000
+            cells[i] = ("<= " if low else ">= ") + cells[i]
     lines = ["| model | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
     lines.append(f"| {model} (measured) | " + " | ".join(cells) + " |")
     published = suite.published.models if suite.published else {}
@@ -184,9 +185,12 @@ def table(suite: Suite, model: str, summaries: dict[str, dict]) -> tuple[str, di
         row = [_cell(f, figures.get(h), published=True) for (_, f), h in zip(columns, heads)]
         lines.append(f"| {name} (published) | " + " | ".join(row) + " |")
     text = "\n".join(lines) + "\n"
-    from r1kit.evaluation.evaluate import protocol_line
+    from r1kit.evaluation.evaluate import figure_lines, protocol_line
 
-    text += "\nMeasured with:\n" + "".join(f"- {name}: {protocol_line(summaries[name])}\n" for name in dict.fromkeys(n for n, _ in columns))
+    names = list(dict.fromkeys(n for n, _ in columns))
+    text += "\nMeasured with:\n" + "".join(f"- {name}: {protocol_line(summaries[name])}\n" for name in names)
+    more = [f"- {name}: {line}\n" for name in names for line in figure_lines(summaries[name])]
+    text += "\nBeyond the columns:\n" + "".join(more) if more else ""
     if suite.published:
         text += f"\nPublished rows: {suite.published.source}; not measured here.\n"
     # suite.json in the table's units: rates in percent, as the published figures are.
