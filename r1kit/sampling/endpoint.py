@@ -52,7 +52,8 @@ from r1kit.sampling.base import Completion, Endpoint, SamplingParams
 
 log = logging.getLogger("r1kit")
 
-RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+RETRY_STATUS = {408, 409, 425, 429}
+"""Statuses below 500 worth asking again (a timeout, a conflict, too early, too many requests); every 5xx is too."""
 MAX_WAIT = 60.0
 
 
