@@ -131,9 +131,11 @@ def _add_eval(sub) -> None:
     ev.add_argument("--benchmark", help=f"{', '.join([*BENCHMARKS, *CODE_BENCHMARKS, *CHOICE_BENCHMARKS])}, task:NAME, or a .jsonl/.json/.parquet file")
     ev.add_argument("--suite", help="a built-in suite (r1: the DeepSeek-R1 paper's table) or a suite .yaml file (r1kit.evaluation.suite); instead of --benchmark")
     ev.add_argument("--data", action="append", default=[], metavar="NAME=FILE", help="with --suite: read benchmark NAME from a local copy in its hub schema (repeatable)")
+    ev.add_argument("--only", action="append", default=[], metavar="NAME", help="with --suite: run this benchmark of the suite only (repeatable)")
     ev.add_argument("--output", metavar="DIR", help="folder for settings.json, samples.jsonl and summary.json")
     ev.add_argument("--model", help="model folder or hub id to sample")
-    ev.add_argument("--completions", metavar="GEN.jsonl", help="score these generations instead of sampling a model")
+    ev.add_argument("--completions", metavar="GEN.jsonl", help="score these generations instead of sampling a model; with --suite a folder "
+                    "of NAME.jsonl (or NAME/samples.jsonl) per benchmark")
     protocol = [f.name for f in dataclasses.fields(Settings)]
     _add_flags(ev, Settings, protocol, {"samples": "K"})
     _add_flags(ev, EngineConfig, ["backend"])
@@ -164,6 +166,8 @@ def _cmd_eval(args) -> None:
         return _cmd_suite(args)
     if args.data:
         raise EvalError("--data NAME=FILE is for --suite; with --benchmark use --data-file FILE")
+    if args.only:
+        raise EvalError("--only NAME picks benchmarks of a --suite; with --benchmark name the one benchmark")
     if not args.benchmark or not args.output or bool(args.model) == bool(args.completions):
         raise EvalError("eval needs --benchmark, --output, and either --model (or --endpoint) or --completions")
     task_args = {}
@@ -223,11 +227,16 @@ def _cmd_suite(args) -> None:
     from r1kit.evaluation.evaluate import Settings
     from r1kit.evaluation.suite import load_suite, run_suite
 
-    if args.benchmark or args.completions or not args.model or not args.output:
-        raise EvalError("eval --suite needs --model and --output, and takes no --benchmark or --completions")
+    from pathlib import Path
+
+    if args.benchmark or not args.output or not (args.model or args.completions):
+        raise EvalError("eval --suite needs --output and --model (or --completions DIR of saved generations), and takes no --benchmark")
+    if args.completions and (args.endpoint or args.tools):
+        raise EvalError("--completions scores saved generations: it takes no --endpoint or --tools")
     for name in ("id_field", "problem_field", "answer_field", "since", "until", "data_file", "task_arg"):
         if getattr(args, name):
-            raise EvalError(f"--{name.replace('_', '-')} is per benchmark: set it in the suite file, or use --data NAME=FILE")
+            where = "its benchmarks' task: {KEY: VALUE}" if name == "task_arg" else "its benchmarks' entries, or use --data NAME=FILE"
+            raise EvalError(f"--{name.replace('_', '-')} is per benchmark: set it in the suite file ({where})")
     data = {}
     for text in args.data:
         name, sep, path = text.partition("=")
@@ -239,9 +248,9 @@ def _cmd_suite(args) -> None:
     given = {a.split("=", 1)[0].removeprefix("--no-").removeprefix("--") for a in args.argv if a.startswith("--")}
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings) if f.name.replace("_", "-") in given and f.name != "seed"}
     cpu.keep_freed_memory()
-    text = run_suite(suite, args.output, model=args.model, backend=args.backend, settings_overrides=overrides, data=data,
-                     limit=args.limit, seed=args.seed, choice_seed=args.choice_seed, rating_table=args.rating_table,
-                     endpoint=args.endpoint_config)
+    text = run_suite(suite, args.output, model=args.model or Path(args.completions).name, backend=args.backend, settings_overrides=overrides,
+                     data=data, limit=args.limit, seed=args.seed, choice_seed=args.choice_seed, rating_table=args.rating_table,
+                     endpoint=args.endpoint_config, only=args.only or None, completions=args.completions)
     print(text, end="")
     print(f"evaluations and table: {args.output}")
 

@@ -236,7 +236,7 @@ def test_local_file_of_code_and_math_problems(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["pass@1"] == pytest.approx((0.5 + 0.5 + 1.0) / 3)
     assert summary["cons@2"] == 1.0  # the vote covers the math problem only
-    assert summary["sandbox"]["wall_s"] == 2.0 and summary["failures"] == {"wrong answer": 1, "syntax error": 1}
+    assert summary["sandbox"]["wall_s"] == 2.0 and summary["failures"] == {"wrong answer": 1, "no program": 1}  # prose, not broken code
     rows = rows_of(out)
     assert rows[1]["tests"] == [1, 2] and rows[4]["answer"] == "2" and "reason" not in rows[4]
 

@@ -47,6 +47,10 @@ CHOICES = ["42 kJ", "17 kJ", "3.5 mol", "none of these"]
         ("Answer: C (A and B are ruled out)", "C"),  # letters in a justification are no hedge
         ("Answer: \\(B\\)", "B"),
         ("Answer: b) 17 kJ", "B"),
+        # A letter of another order before a choice's exact text: the text says which was meant.
+        ("The answer is A = 3.5 mol", "C"),
+        ("Answer: B) 42 kJ", "A"),
+        ("Answer: D - 17 kJ", "B"),
         # Hedges and non-answers score 0.
         ("Answer: A or B", None),
         ("It is either B or C.", None),

@@ -242,7 +242,9 @@ def load_benchmark(
             raise EvalError(f"{source}: id {pid!r} appears twice; ids must be unique")
         seen.add(pid)
         listed = row.get("groups") if isinstance(row.get("groups"), dict) else {}
-        groups = {g: str(v) for g in BREAKDOWNS if (v := listed.get(g, row.get(g))) is not None}
+        # a null value is a group of its own in the breakdown, "(none)", rather than left out of it
+        groups = {g: "(none)" if v is None else str(v) for g in BREAKDOWNS if g in listed or g in row
+                  for v in [listed.get(g, row.get(g))]}
         if code:
             tests = Tests(**{f: row.get(f) or None for f in CODE_FIELDS})
             _check_own_limits(tests, f"{source}: row {i + 1}")

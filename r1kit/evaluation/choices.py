@@ -27,7 +27,9 @@ tool's ``output`` block. In it, the first reader that finds something decides:
 What such a reader found is a letter when it is one: alone or in parentheses, followed (in a
 statement) by anything but another choice joined to it, or (in the whole span) only by that
 choice's own text; else it is a choice when it is exactly one choice's text (spacing, case and a
-final period aside). A hedge names no choice and scores 0: ``A or B``, ``A/B``, ``either B or
+final period aside). A letter followed by exactly another choice's text (``The answer is A =
+benzoquinone`` where benzoquinone is C) is that other choice: the model lettered the choices in
+another order, and the text says which it meant. A hedge names no choice and scores 0: ``A or B``, ``A/B``, ``either B or
 C``, ``\\boxed{A, C}``, ``C, or maybe D``. A completion still inside ``<think>`` (cut off, or never
 closing a reasoning block its prompt opened) has no final answer.
 
@@ -105,8 +107,11 @@ def _choice_in(found: str, choices: list[str], statement: bool = True) -> str | 
     if lead and (lead.group(1) or lead.group(2)).upper() in letters:
         letter, rest = (lead.group(1) or lead.group(2)).upper(), lead.group(3).strip()
         own = choices[letters.index(letter)]
-        if not rest or _same(rest, own) or _same(rest.lstrip(")].:- "), own):
+        if not rest or _same(rest, own) or _same(rest.lstrip(")].:=- "), own):
             return letter
+        named = [letters[i] for i, choice in enumerate(choices) if _same(rest.lstrip(")].:=- "), choice)]
+        if len(named) == 1:  # "A = <the text of C>": the letter of another order, the choice by its text
+            return named[0]
         if not statement:
             return None
         hedge = _HEDGE.match(rest)
@@ -161,7 +166,7 @@ def hub_rows(rows: list[dict], source: str) -> list[dict]:
                 f"{source}: row {i} has neither 'choices' nor GPQA's fields (missing {', '.join(map(repr, missing))})"
             )
         wrong = [row[k] for k in ("Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3") if row.get(k) is not None]
-        subject = {"subject": row["High-level domain"]} if row.get("High-level domain") is not None else {}  # the per-subject breakdown
+        subject = {"subject": row["High-level domain"]} if "High-level domain" in row else {}  # the per-subject breakdown
         out.append({"id": row.get("Record ID", str(i - 1)), "problem": row["Question"], "choices": [row["Correct Answer"], *wrong], "answer": "A", **subject})
     return out
 

@@ -405,6 +405,8 @@ def figure_lines(summary: dict) -> list[str]:
         bound = " (a bound: the estimate reached the end of its range)" if summary.get("rating_clipped") else ""
         share = f", percentile {summary['percentile']:.1f}" if summary.get("percentile") is not None else ", no percentile (give --rating-table FILE)"
         lines.append(f"estimated rating {summary['rating']:.0f}{share}{bound}")
+    if summary.get("samples_without_tokens"):
+        lines.append(f"mean tokens over the samples with a token count only: {summary['samples_without_tokens']} have none")
     for key, groups in (summary.get("breakdown") or {}).items():
         parts = ", ".join(f"{name} {100 * g['pass@1']:.1f} ({g['problems']})" for name, g in groups.items() if g.get("pass@1") is not None)
         lines.append(f"pass@1 by {key} (problems): {parts}")

@@ -102,7 +102,10 @@ def summarize(bench: Benchmark, rows: list[dict], k: int) -> dict[str, Any]:
     for j in ks[1:]:
         out[f"pass@{j}"] = _mean([pass_at_k(len(s), sum(r["correct"] for r in s), j) for _, s in scored])
     all_rows = [r for _, s in scored for r in s]
-    out["mean_tokens"] = _mean([r["tokens"] for r in all_rows if r["tokens"] is not None])
+    counted = [r["tokens"] for r in all_rows if r["tokens"] is not None]
+    out["mean_tokens"] = _mean(counted)
+    if len(counted) < len(all_rows):  # saved generations without token counts: said, not hidden
+        out["samples_without_tokens"] = len(all_rows) - len(counted)
     out["truncated"] = _mean([float(r["truncated"]) for r in all_rows if r["truncated"] is not None])
     out["no_answer"] = _mean([float(r.get("reason") == "no program" if "reason" in r else r["answer"] is None) for r in all_rows])
     called = [r for r in all_rows if r.get("tool_calls") is not None]
@@ -166,7 +169,8 @@ def _judge_math(problems, texts, prefilled, fallback, limits) -> list[dict]:
     from r1kit.text import extract_answer
 
     verdicts = math_verifier(fallback)(texts, answer=[p.answer for p in problems])
-    return [{"answer": extract_answer(text, fallback), "correct": None if v is None else v == 1.0} for text, v in zip(texts, verdicts)]
+    return [{"answer": extract_answer(text, fallback), "reference": p.answer, "correct": None if v is None else v == 1.0}
+            for p, text, v in zip(problems, texts, verdicts)]
 
 
 def _judge_choice(problems, texts, prefilled, fallback, limits) -> list[dict]:
@@ -174,7 +178,7 @@ def _judge_choice(problems, texts, prefilled, fallback, limits) -> list[dict]:
     from r1kit.evaluation.choices import answer_letter
 
     letters = [answer_letter(text, p.choices, opened) for p, text, opened in zip(problems, texts, prefilled)]
-    return [{"answer": letter, "correct": letter == p.answer} for p, letter in zip(problems, letters)]
+    return [{"answer": letter, "reference": p.answer, "choices": p.choices, "correct": letter == p.answer} for p, letter in zip(problems, letters)]
 
 
 def _judge_code(problems, texts, prefilled, fallback, limits) -> list[dict]:

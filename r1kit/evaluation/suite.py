@@ -57,6 +57,8 @@ class Entry:
     """Keep problems dated on or before this day, YYYY-MM-DD."""
     data_file: str | None = None
     """Read this built-in benchmark from a local copy in its hub schema."""
+    task: dict = field(default_factory=dict)
+    """Arguments of a ``task:NAME`` benchmark (r1kit.offline.tasks), as ``--task-arg KEY=VALUE`` gives them."""
 
 
 @dataclass
@@ -109,6 +111,15 @@ def load_suite(name_or_path: str) -> Suite:
         odd = [f for f in e.report if f not in figures]
         if odd or not e.report:
             raise EvalError(f"{path}: benchmarks[{i}].report: {odd[0] if odd else 'nothing'!r} is not a figure; at k={e.samples}: {', '.join(figures)}")
+        if e.task and not e.benchmark.startswith("task:"):
+            raise EvalError(f"{path}: benchmarks[{i}].task: arguments of a task:NAME benchmark; {e.benchmark} is not one")
+        if e.task:
+            from r1kit.offline.tasks import arguments
+
+            try:
+                arguments(e.benchmark.removeprefix("task:"), e.task)
+            except (RecipeError, ValueError) as exc:
+                raise EvalError(f"{path}: benchmarks[{i}].task: {exc}") from None
         never = next((why for f in e.report if (why := uncomputable(e.benchmark, f))), None)
         if never:
             raise EvalError(f"{path}: benchmarks[{i}].report: {never}")
@@ -204,28 +215,49 @@ def table(suite: Suite, model: str, summaries: dict[str, dict]) -> tuple[str, di
 
 
 def run_suite(suite: Suite, out_dir: str, *, model: str, backend: str, settings_overrides: dict, data: dict[str, str],
-              limit: int | None = None, seed: int = 0, choice_seed: int = 0, rating_table: str | None = None, endpoint=None) -> str:
-    """Evaluate every benchmark of `suite` for `model` into `out_dir`; write and return the table.
-    `endpoint`: the served model's settings (r1kit.sampling.base.Endpoint) with a served backend."""
+              limit: int | None = None, seed: int = 0, choice_seed: int = 0, rating_table: str | None = None, endpoint=None,
+              only: list[str] | None = None, completions: str | None = None) -> str:
+    """Evaluate every benchmark of `suite` (or those named in `only`) for `model` into `out_dir`;
+    write and return the table. `endpoint`: the served model's settings
+    (r1kit.sampling.base.Endpoint) with a served backend. `completions`: a folder of saved
+    generations to score instead of sampling, a benchmark's in ``<name>.jsonl`` or
+    ``<name>/samples.jsonl`` (a suite's own output folder); `model` then only names the table's row."""
     from r1kit.evaluation.benchmarks import load_benchmark
-    from r1kit.evaluation.evaluate import Settings, check_settings, evaluate
+    from r1kit.evaluation.evaluate import Settings, check_settings, evaluate, limits, score_completions
     from r1kit.files import write_atomic
 
-    unknown = sorted(set(data) - {label(e) for e in suite.benchmarks})
-    if unknown:
-        raise EvalError(f"--data names {', '.join(unknown)}, not a benchmark of suite {suite.name} ({', '.join(label(e) for e in suite.benchmarks)})")
+    names = [label(e) for e in suite.benchmarks]
+    for given, flag in ((sorted(data), "--data names"), (only or [], "--only names")):
+        unknown = [n for n in given if n not in names]
+        if unknown:
+            raise EvalError(f"{flag} {', '.join(unknown)}, not a benchmark of suite {suite.name} ({', '.join(names)})")
+    if only:
+        suite = dataclasses.replace(suite, benchmarks=[e for e in suite.benchmarks if label(e) in only])
+    saved = {}
+    if completions is not None:
+        for e in suite.benchmarks:
+            found = [p for p in (Path(completions) / f"{label(e)}.jsonl", Path(completions) / label(e) / "samples.jsonl") if p.is_file()]
+            if not found:
+                raise EvalError(f"--completions {completions}: no {label(e)}.jsonl or {label(e)}/samples.jsonl for benchmark {label(e)}")
+            saved[label(e)] = found[0]
     plan = []
     for e in suite.benchmarks:  # every benchmark is read and checked before the first sample
         bench = load_benchmark(e.benchmark, since=e.since, until=e.until, limit=limit, data_file=data.get(label(e), e.data_file),
-                               choice_seed=choice_seed, rating_table=rating_table)
+                               choice_seed=choice_seed, rating_table=rating_table, task_args=e.task)
         settings = Settings(**{**suite.protocol, "samples": e.samples, "seed": seed, **settings_overrides})
         check_settings(settings)
         plan.append((e, bench, settings))
-    from r1kit.sampling import closing, load_sampler
-
-    with closing(lambda: load_sampler(model, backend, endpoint=endpoint, log_dir=out_dir)) as sampler:  # one model load for the whole suite
-        summaries = {label(e): evaluate(bench, Path(out_dir) / label(e), settings, model=model, backend=backend, endpoint=endpoint, sampler=sampler)
+    if saved:
+        summaries = {label(e): score_completions(bench, saved[label(e)], Path(out_dir) / label(e), settings.answer_fallback, limits(settings),
+                                                 settings.think_prefill, limited=limit is not None)
                      for e, bench, settings in plan}
+    else:
+        from r1kit.sampling import closing, load_sampler
+
+        with closing(lambda: load_sampler(model, backend, endpoint=endpoint, log_dir=out_dir)) as sampler:  # one model load for the whole suite
+            summaries = {label(e): evaluate(bench, Path(out_dir) / label(e), settings, model=model, backend=backend, endpoint=endpoint,
+                                            sampler=sampler)
+                         for e, bench, settings in plan}
     text, record = table(suite, model, summaries)
     write_atomic(Path(out_dir) / "suite.json", json.dumps(record, indent=2) + "\n")
     write_atomic(Path(out_dir) / "suite.md", text)

@@ -44,7 +44,8 @@ appended to it (so it cannot swallow the tests with a trailing decorator or an o
   it). The case passes when the checker exits with status 0 and prints a number of at least 1
   first (``1``: accepted; ``0``, anything else or a non-zero exit: wrong answer).
 
-**Why a run failed** (`Verdict.reason`): ``no program``, ``syntax error``, ``timeout``, ``output
+**Why a run failed** (`Verdict.reason`): ``no program`` (none extracted, or text that does not
+compile and has no line a program would: prose), ``syntax error``, ``timeout``, ``output
 limit exceeded``, ``cpu time limit``, ``exited early`` (``sys.exit(0)`` before the last line), ``exit status N``,
 ``wrong answer`` (a stdin/stdout case), ``checker error`` (the checker itself failed), ``killed by signal N``, or the name of the exception that
 ended it (``AssertionError`` for a failed assertion, ``NameError``, ``MemoryError``, ...). For
@@ -77,6 +78,18 @@ PYTHON_TAGS = ("", "python", "py", "python3")
 FENCE = re.compile(r"```([^\n`]*)\n(.*?)```", re.DOTALL)
 # The last line of a traceback, or of a syntax error report: `NameError: name 'x' is not defined`.
 _EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Iteration))(?::|$)")
+
+
+# A line a program would start: a definition, an import, a statement keyword, a call or an assignment.
+_CODE_LINE = re.compile(r"^\s*(?:(?:async\s+)?def\s|class\s|import\s|from\s+\S+\s+import\s|return\b|print\(|for\s|while\s|if\s|"
+                        r"elif\s|else\s*:|try\s*:|except\b|with\s|@\w|[A-Za-z_][\w.]*(?:\[[^\]]*\])?\s*(?:[-+*/%]|//)?=(?!=)|"
+                        r"[A-Za-z_][\w.]*\([^)]*\)\s*$)", re.M)
+
+
+def looks_like_code(program: str) -> bool:
+    """Whether text that does not compile has a line a program would (a broken program: ``syntax
+    error``), or none (prose, with no program in it: ``no program``)."""
+    return bool(_CODE_LINE.search(program))
 
 
 def extract_program(completion: str, extract: str = "last_block", prefilled: bool = False) -> str:
@@ -254,7 +267,7 @@ def judge(
         if not program.strip():
             reasons[i] = "no program"
         elif not compiles(program):
-            reasons[i] = "syntax error"
+            reasons[i] = "syntax error" if looks_like_code(program) else "no program"
         elif t.tests:
             jobs.append((assemble(program, t), ""))
             owner.append(i)
