@@ -150,6 +150,24 @@ def reward_time_table(recipe, records: dict[str, dict]) -> str | None:
     return "\n".join(lines) if len(lines) > 2 else None
 
 
+ASYNC_COLUMNS = [("staleness_mean", "staleness mean", "{:.2f}"), ("staleness_max", "max", "{:.0f}"), ("dropped_share", "dropped", "{:.1%}"),
+                 ("ratio_min", "ratio min", "{:.3g}"), ("ratio_max", "ratio max", "{:.3g}"), ("corrected_share", "clipped or truncated", "{:.2%}"),
+                 ("trainer_wait_seconds", "trainer waited (s)", "{:.1f}"), ("generator_wait_seconds", "generator waited (s)", "{:.1f}")]
+
+
+def async_table(recipe, records: dict[str, dict]) -> str | None:
+    """Per asynchronous GRPO stage: how stale its samples were, how far the importance ratio went
+    and what share of tokens the correction clipped, and how long each side waited for the other;
+    None without such stages."""
+    lines = ["| stage | " + " | ".join(title for _, title, _ in ASYNC_COLUMNS) + " |", "|---" * (len(ASYNC_COLUMNS) + 1) + "|"]
+    for stage in recipe.stages:
+        metrics = records.get(stage.name, {}).get("metrics", {})
+        if "staleness_mean" in metrics:
+            cells = [form.format(metrics[key]) if key in metrics else "-" for key, _, form in ASYNC_COLUMNS]
+            lines.append(f"| {stage.name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) if len(lines) > 2 else None
+
+
 def plots_rl(stage) -> bool:
     """Whether the stage's kind logs RL figures per step (r1kit.stages.base.StageKind.plots_rl)."""
     from r1kit import stages
@@ -273,6 +291,12 @@ def plot_rl(metrics_file: Path, out: Path) -> bool:
         for ax in axes[:3]:
             ax.axvline(rise, color="grey", linestyle="--", linewidth=1)
         axes[2].annotate("accuracy and length rise together", (rise, 0.02), xycoords=("data", "axes fraction"), fontsize=7, color="grey")
+    lag = [r.get("async/staleness") for r in records]
+    if any(v is not None for v in lag):  # asynchronous rollouts: the policy lag of each step's samples
+        twin = axes[0].twinx()
+        twin.step(steps, lag, where="mid", color="tab:red", alpha=0.5, linewidth=1)
+        twin.set_ylabel("policy lag (steps)", color="tab:red", fontsize=8)
+        twin.set_ylim(0, max(v or 0 for v in lag) + 1)
     if tools:
         axes[3].plot(steps, [r["tools/call_share"] for r in records])
         axes[3].set_ylim(0, 1.05)
@@ -301,6 +325,11 @@ def write_report(recipe, records: dict[str, dict]) -> Path:
     rewards = reward_time_table(recipe, records)
     if rewards:
         parts += ["## Reward time", "", "Seconds the reward functions took (main process), against the stage's wall time.", "", rewards, ""]
+    lag = async_table(recipe, records)
+    if lag:
+        parts += ["## Asynchronous rollouts", "", ("Samples drawn ahead of training: their staleness in optimizer steps, the share dropped as "
+                  "too old, the importance ratio's range, the share of tokens its correction clipped or truncated, and the seconds "
+                  "each side waited for the other. The RL plot marks each step's policy lag."), "", lag, ""]
     tools = tool_table(recipe, out)
     if tools:
         parts += ["## Tool calls in RL", "", "Logged per step (metrics.jsonl); the model's own tokens only are trained.", "", tools, ""]

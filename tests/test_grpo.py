@@ -381,6 +381,7 @@ def test_the_run_record_and_report_name_the_paths_a_grpo_stage_took(write_recipe
         "zero_advantage_skip": "on",
         "shared_prompts": "on",
         "dynamic_sampling": "off: not asked",
+        "async_generation": "off: not asked",
         "whole_vocab_log_probs": "on",
         "short_attention_in_math": "on",
     }

@@ -241,12 +241,15 @@ def decode(
     eos_ids: set[int],
     pad_id: int,
     stop: Callable[[int, list[int]], bool] | None = None,
+    scores: tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], list[list[float]]] | None = None,
 ) -> list[list[int]]:
     """New token ids of `counts[i]` samples of each prompt `prompts[i]` (token ids), at most
     `max_tokens` each, ending with the first of `eos_ids` if one comes. `draw` maps the logits
     of a batch's last positions [B, V] to each row's next token [B]. `stop(sample, tokens)`,
     asked after each new token with the sample's index and its tokens so far, ends a sample
-    where it says so (a tool call's closing fence, r1kit.sampling.tool_loop)."""
+    where it says so (a tool call's closing fence, r1kit.sampling.tool_loop). With `scores`
+    (`score`, `out`), `out` gets each sample's per-token ``score(logits, tokens)`` [B] beside its
+    tokens (`Nucleus.log_prob`: the sampling log-probabilities)."""
     device = model.device
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
@@ -273,11 +276,17 @@ def decode(
         live = torch.arange(len(rows), device=device)  # the sample of each batch row
         ended = torch.zeros(len(rows), dtype=torch.bool, device=device)
         samples: list[list[int]] = [[] for _ in range(len(rows))]
+        score, scored = scores if scores is not None else (None, None)
+        if scored is not None:
+            scored[:] = [[] for _ in range(len(rows))]
         for step in range(max_tokens):
             tokens = draw(logits)
-            for sample, token, done in zip(live.tolist(), tokens.tolist(), ended.tolist()):
+            values = score(logits, tokens).tolist() if score is not None else [None] * len(tokens)
+            for sample, token, done, value in zip(live.tolist(), tokens.tolist(), ended.tolist(), values):
                 if not done:
                     samples[sample].append(token)
+                    if scored is not None:
+                        scored[sample].append(value)
             ended |= torch.isin(tokens, eos)
             if stop is not None:
                 ended |= torch.tensor([stop(i, samples[i]) for i in live.tolist()], device=device)
@@ -318,6 +327,11 @@ class Nucleus:
     """
 
     WHOLE = 4096  # a vocabulary up to this size is ranked whole: cheaper than a second topk
+
+    def log_prob(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Each row's log-probability of `tokens` under the temperature-scaled distribution over the
+        whole vocabulary, as TRL's trainer scores a completion (top-p is not applied, as there)."""
+        return torch.log_softmax(logits.float() / self.temperature, dim=-1).gather(-1, tokens[:, None]).squeeze(1)
 
     def __init__(self, temperature: float, top_p: float, k: int = 64):
         if not temperature > 0 or not 0 < top_p <= 1:

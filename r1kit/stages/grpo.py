@@ -53,6 +53,11 @@ the turns; with ``use_vllm`` vLLM does (one process; the closing fence is its st
 step logs ``tools/calls_per_rollout``, ``tools/call_share``, ``tools/error_share``,
 ``tools/timeout_share`` and ``tools/sandbox_seconds``.
 
+With ``max_staleness: N`` the rollouts come from a generator process drawing at most N optimizer
+steps ahead of training, with new weights after every step, and PPO's ratio taken to the policy
+that drew them (or TRL's importance-sampling correction, opt-in): asynchronous GRPO on a CPU
+(r1kit.trainers.async_generation). Settings it cannot honour are refused at validate time.
+
 Not here: the reward functions themselves (rewards/), or any loss of r1kit's own: TRL computes it.
 """
 
@@ -76,6 +81,12 @@ from r1kit.trainers.training import checkpoint_step, last_checkpoint, make_metri
 
 log = logging.getLogger(__name__)
 
+# What the asynchronous generator cannot do, each with why (grpo stage field -> reason).
+NOT_ASYNC = {
+    "dynamic_sampling": "a refill draws again inside the step",
+    "peft": "the generator takes whole weights, not a LoRA adapter",
+}
+
 # The DeepSeek-R1 paper's GRPO (arXiv:2501.12948, section 2.2): KL coefficient 0.001, and the
 # sequence-level GRPO loss. TRL defaults to beta 0 and the DAPO token-level loss.
 PAPER_DEFAULTS = {"loss_type": "grpo", "beta": 0.001, "logging_steps": 1}
@@ -87,6 +98,10 @@ class GRPOStage(PromptStageConfig, lora.LoraFields, tools_lib.ToolFields):
     """DAPO dynamic sampling: drop groups whose rewards are all equal and refill the batch."""
     dynamic_sampling_max_rounds: int = 3
     """Cap on extra generation rounds per batch for dynamic sampling."""
+    max_staleness: int | None = None
+    """Asynchronous GRPO: rollouts drawn by a generator process at most this many optimizer steps
+    ahead of training, the loss corrected for the gap (r1kit.trainers.async_generation); 0 keeps them
+    in step (the synchronous stage's samples). None: generation inside the trainer's step."""
     share_prompts: bool = False
     """Score each group's prompt once, not once per completion (r1kit.trainers.shared_prompts): the same
     log-probabilities and gradients up to rounding, fewer tokens through the model."""
@@ -100,9 +115,41 @@ def check(stage: GRPOStage) -> None:
         raise RecipeError(f"{stage.name}.trainer.reward_weights: set weights in the rewards list instead")
     lora.check(stage)
     stage.check_tools(f"{stage.name}.tools")
+    check_async(stage)
     if stage.tools and stage.trainer.get("vllm_importance_sampling_correction"):
         raise RecipeError(f"{stage.name}.trainer.vllm_importance_sampling_correction: not with tools (a rollout's turns carry no "
                           "sampling log-probabilities); leave it out")
+
+
+def check_async(stage: GRPOStage) -> None:
+    """One line for asynchronous settings the generator cannot honour."""
+    if stage.max_staleness is None:
+        return
+    where = f"{stage.name}.max_staleness"
+    if isinstance(stage.max_staleness, bool) or not isinstance(stage.max_staleness, int) or stage.max_staleness < 0:
+        raise RecipeError(f"{where}: {stage.max_staleness!r}: an optimizer step count, 0 or more (0: in step)")
+    for name, why in NOT_ASYNC.items():
+        if getattr(stage, name) not in (None, False, []):  # peft: {} asks for LoRA
+            raise RecipeError(f"{where}: not with {name} ({why}); leave one of them out")
+    trainer = stage.trainer
+    if trainer.get("num_iterations", 1) != 1:
+        raise RecipeError(f"{where}: not with trainer.num_iterations {trainer['num_iterations']} (one pass over each batch); "
+                          "leave num_iterations out")
+    accumulation = trainer.get("gradient_accumulation_steps", 1)
+    if trainer.get("steps_per_generation", accumulation) != accumulation:
+        raise RecipeError(f"{where}: trainer.steps_per_generation must equal gradient_accumulation_steps "
+                          f"({accumulation}): one generation batch per optimizer step")
+    if trainer.get("use_vllm"):
+        raise RecipeError(f"{where}: not with trainer.use_vllm (r1kit's generator process draws the rollouts)")
+
+
+def async_problems(stage: GRPOStage, gpu: bool) -> list[str]:
+    """Asynchronous rollouts where r1kit's generator cannot draw them: on a GPU, where TRL's own
+    asynchronous trainer is the engine (r1kit does not drive it yet)."""
+    if stage.max_staleness is None or not gpu:
+        return []
+    return [f"{stage.name}.max_staleness: r1kit's asynchronous rollouts run on a CPU (r1kit's decoding loop as the generator); "
+            "on GPUs use trl.experimental.async_grpo.AsyncGRPOTrainer, or leave max_staleness out"]
 
 
 def prompt_rows(ctx: StageContext, tokenizer):
@@ -139,6 +186,7 @@ def run(ctx: StageContext) -> StageResult:
         share_prompts=stage.share_prompts,
         dynamic_sampling_rounds=stage.dynamic_sampling_max_rounds if stage.dynamic_sampling else None,
         tools=stage.load_tools() if stage.tools else None,
+        max_staleness=stage.max_staleness,
     )
     trainer = trl_overrides.GRPOTrainer(
         model=ctx.model,  # TRL builds it: float32 master weights, args.model_init_kwargs applied
@@ -154,8 +202,12 @@ def run(ctx: StageContext) -> StageResult:
     trainer.add_callback(clock.log_steps(trainer))
     sizes = lora.parameters(trainer.model)
     # TRL's own head and SDPA's choice on other devices and for other models
-    with trl_patches.log_probs_on_cpu(), trl_patches.short_attention_in_math(trainer.model, trainer.ref_model):
-        out = train_and_save(trainer, ctx)
+    try:
+        with trl_patches.log_probs_on_cpu(), trl_patches.short_attention_in_math(trainer.model, trainer.ref_model):
+            out = train_and_save(trainer, ctx)
+    finally:
+        if trainer.generator is not None:
+            trainer.generator.close()
     metrics = sizes | summarize(read_metrics(metrics_path), rewards) | clock.totals()
     paths = trainer.paths | trl_patches.taken(trainer.accelerator.device)
     return StageResult(model=out, metrics=metrics | {"trainer_paths": paths})
@@ -214,6 +266,28 @@ def summarize(records: list[dict], rewards) -> dict[str, float]:
         if values:
             short = key.removeprefix("rewards/").removesuffix("/mean").replace("completions/", "")
             out[f"{short}_first"], out[f"{short}_last"] = values[0], values[-1]
+    return out | summarize_async(records)
+
+
+def summarize_async(records: list[dict]) -> dict[str, float]:
+    """Over the logged steps of an asynchronous stage: staleness (mean, max), the share of samples
+    dropped as too old, the importance ratio's extremes and the share corrected, and the seconds
+    each side waited for the other (summed)."""
+    def values(key):
+        return [r[key] for r in records if key in r]
+
+    staleness = values("async/staleness")
+    if not staleness:
+        return {}
+    out = {"staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness),
+           "dropped_share": sum(values("async/dropped_share")) / len(staleness)}
+    for key, name, pick in [("async/ratio_min", "ratio_min", min), ("sampling/importance_sampling_ratio/min", "ratio_min", min),
+                            ("async/ratio_max", "ratio_max", max), ("sampling/importance_sampling_ratio/max", "ratio_max", max),
+                            ("async/corrected_share", "corrected_share", lambda v: sum(v) / len(v))]:
+        if values(key):
+            out[name] = pick(values(key))
+    for key in ("trainer_wait_seconds", "generator_wait_seconds"):
+        out[key] = sum(values(f"async/{key}"))
     return out
 
 
@@ -223,11 +297,14 @@ def trainer_defaults(stage: GRPOStage) -> dict:
     log-probabilities for it)."""
     rewards = reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards")
     tools = {"vllm_importance_sampling_correction": False} if stage.tools else {}
-    return {**PAPER_DEFAULTS, "reward_weights": [r.weight for r in rewards], **tools, **lora.trainer_defaults(stage)}
+    # Asynchronous rollouts: PPO's clip to the sampling policy unless the recipe asks for TRL's
+    # importance-sampling correction (r1kit.trainers.async_generation).
+    asynchronous = {"vllm_importance_sampling_correction": False} if stage.max_staleness is not None else {}
+    return {**PAPER_DEFAULTS, "reward_weights": [r.weight for r in rewards], **tools, **asynchronous, **lora.trainer_defaults(stage)}
 
 
 STAGE = StageKind(
     config=GRPOStage, run=run, trainer_config=lambda: __import__("trl").GRPOConfig, check=check, trainer_defaults=trainer_defaults,
     data=hooks.data_sections, budgets=hooks.trainer_budgets, bf16=hooks.trainer_bf16, plots_rl=True,
-    machine_problems=lambda stage, gpu: hooks.trainer_problems(stage, gpu) + lora.machine_problems(stage, gpu),
+    machine_problems=lambda stage, gpu: hooks.trainer_problems(stage, gpu) + lora.machine_problems(stage, gpu) + async_problems(stage, gpu),
 )
