@@ -50,13 +50,13 @@ def accuracy_rows(records: dict[str, dict]) -> list[dict]:
 
 
 def _protocol(stage: dict) -> str:
-    """How an eval stage sampled, in one line, from its config."""
+    """How an eval stage sampled, in one line, from its config (in the evaluator's phrasing)."""
+    from r1kit.evaluation.evaluate import sampling_phrase
+
     if not stage:
         return "?"
     limit = f", the first {stage['limit']} problems only (limit)" if stage.get("limit") is not None else ""
-    prefill = ", <think> prefilled" if stage.get("think_prefill") else ""
-    return (f"{stage.get('samples')} samples a problem at temperature {stage.get('temperature')}, top-p {stage.get('top_p')}, "
-            f"max_tokens {stage.get('max_tokens')}, template {stage.get('template')}{prefill}{limit}")
+    return sampling_phrase(stage) + limit
 
 
 def _listed(record: dict) -> list[str]:

@@ -268,7 +268,6 @@ def test_sigkill_mid_stage_resumes_with_no_step_lost_or_repeated(write_recipe, c
     ({"max_staleness": -1}, "rl.max_staleness: -1: an optimizer step count, 0 or more"),
     ({"max_staleness": "two"}, "rl.max_staleness"),
     ({"max_staleness": 1, "dynamic_sampling": True}, "rl.max_staleness: not with dynamic_sampling"),
-    ({"max_staleness": 1, "peft": {}}, "rl.max_staleness: not with peft"),
     ({"max_staleness": 1, "trainer": {"num_iterations": 2}}, "not with trainer.num_iterations 2"),
     ({"max_staleness": 1, "trainer": {"steps_per_generation": 2}}, "steps_per_generation must equal gradient_accumulation_steps"),
     ({"max_staleness": 1, "trainer": {"use_vllm": True}}, "not with trainer.use_vllm"),
@@ -334,3 +333,57 @@ def test_tool_rollouts_come_from_the_generator_with_their_tool_mask(tiny_model, 
         assert (model_tokens < 0).all() and torch.isfinite(model_tokens).all()
     logged = [m for m in trainer.state.log_history if "loss" in m]
     assert all(m["tools/call_share"] == 0.5 for m in logged) and all(m["async/staleness"] <= 1 for m in logged)
+
+
+def test_generation_goes_on_across_epochs(write_recipe, cold_start, tmp_path):
+    """Two optimizer steps an epoch: the lookahead stops at each epoch's end and starts again with
+    the next epoch's order; every step gets its own batch, within the bound."""
+    path = recipe(write_recipe, cold_start, tmp_path / "run", max_staleness=1, data={"source": "task:addition", "task": {"n": 4, "digits": 1}},
+                  trainer={"max_steps": 5})
+    pipeline.run(load_recipe(path))
+    logged = steps(tmp_path / "run")
+    assert [m["step"] for m in logged] == [1, 2, 3, 4, 5] and all(m["async/staleness"] <= 1 for m in logged)
+    assert logged[-1]["epoch"] == pytest.approx(2.5)
+
+
+def test_a_lora_stage_sends_the_merged_weights(write_recipe, cold_start, tmp_path):
+    """With peft: the generator draws with the base weights plus the adapter's delta: in lockstep
+    its log-probabilities are the trainer's (the ratio is 1 to rounding) while the adapter moves."""
+    path = recipe(write_recipe, cold_start, tmp_path / "run", max_staleness=0, peft={"r": 8, "lora_alpha": 16},
+                  trainer={"learning_rate": 2.0e-2, "beta": 0.001, "loss_type": "grpo"})
+    record = pipeline.run(load_recipe(path))["rl"]
+    assert record["metrics"]["trainer_paths"]["async_generation"].startswith("on")
+    logged = steps(tmp_path / "run")
+    assert any(m["grad_norm"] > 0 for m in logged)
+    for m in logged:
+        assert abs(m["async/ratio_max"] - 1) < 1e-3 and abs(m["async/ratio_min"] - 1) < 1e-3, m
+    assert logged[-1]["kl"] > 0  # the adapter moved the policy away from the start
+
+
+def test_plain_weights_of_a_lora_model_are_its_merged_weights(tiny_model):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model), LoraConfig(r=4, target_modules="all-linear"))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.1)  # a moved adapter (fresh ones start at zero)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    plain = async_generation.plain_weights(model)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # the model untouched
+    merged = model.merge_and_unload().state_dict()
+    assert set(plain) == set(merged)
+    for name, tensor in merged.items():
+        torch.testing.assert_close(plain[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_on_a_gpu_machine_the_run_is_refused_before_any_compute(write_recipe, tiny_model, tmp_path, capsys, monkeypatch):
+    import r1kit.hardware
+
+    monkeypatch.setattr(r1kit.hardware, "has_gpu", lambda: True)
+    path = recipe(write_recipe, tiny_model, tmp_path / "run", max_staleness=1, trainer={"use_cpu": True})  # TRL's config, on a faked GPU
+    assert main(["validate", str(path)]) == 0  # a recipe may be written for another machine: a note
+    assert main(["validate", str(path), "--here"]) == 2
+    assert "rl.max_staleness: r1kit's asynchronous rollouts run on a CPU" in capsys.readouterr().err
+    assert main(["run", str(path)]) == 2
+    assert not (tmp_path / "run").exists()

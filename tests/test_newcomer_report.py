@@ -27,5 +27,5 @@ def test_the_run_reports_table_says_how_each_eval_stage_sampled():
     rec = record(["last_digit", "functions"])
     rec["config"]["stage"] |= {"samples": 4, "temperature": 0.6, "top_p": 0.95, "max_tokens": 64, "template": "plain", "limit": 50}
     text = accuracy_table(accuracy_rows({"eval": rec}))
-    assert text.endswith("Measured with:\neval: 4 samples a problem at temperature 0.6, top-p 0.95, max_tokens 64, template plain, "
+    assert text.endswith("Measured with:\neval: 4 samples each at temperature 0.6, top-p 0.95, max_tokens 64, template plain, "
                          "the first 50 problems only (limit)")

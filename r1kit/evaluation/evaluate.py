@@ -358,6 +358,14 @@ def score_completions(
 # Tables and the command line
 
 
+def sampling_phrase(settings: dict) -> str:
+    """How samples were drawn, from a summary's or an eval stage's settings: the one phrasing of the
+    protocol every table uses (`protocol_line`, and the run report's per eval stage)."""
+    prefill = " with <think> prefilled" if settings.get("think_prefill") else ""
+    return (f"{settings.get('samples', '?')} samples each at temperature {settings.get('temperature')}, top-p {settings.get('top_p')}, "
+            f"max_tokens {settings.get('max_tokens')}, template {settings.get('template')}{prefill}")
+
+
 def protocol_line(summary: dict) -> str:
     """How a benchmark's figures were measured, in one line (a table says it beside its figures)."""
     limit = f" (the first {summary['limit']} only: --limit)" if summary.get("limit") is not None else ""
@@ -366,9 +374,7 @@ def protocol_line(summary: dict) -> str:
         limit += f" ({summary['unscorable']} more without a usable reference answer, left out)"
     if summary.get("completions"):
         return f"{problems} problems{limit}, {samples} samples each, scored from {summary['completions']}"
-    prefill = " with <think> prefilled" if summary.get("think_prefill") else ""
-    return (f"{problems} problems{limit}, {samples} samples each at temperature {summary.get('temperature')}, "
-            f"top-p {summary.get('top_p')}, max_tokens {summary.get('max_tokens')}, template {summary.get('template')}{prefill}")
+    return f"{problems} problems{limit}, {sampling_phrase(summary)}"
 
 
 def table(summaries: list[dict], labels: list[str] | None = None) -> str:

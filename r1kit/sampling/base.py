@@ -107,6 +107,20 @@ class SamplingParams:
     """Most new tokens per completion."""
     seed: int = 0
 
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def engine_top_p(self) -> float:
+        """The top-p an engine is asked for: 1 when greedy (no nucleus to cut)."""
+        return 1.0 if self.greedy else self.top_p
+
+    def draws(self, n: int) -> int:
+        """Samples to ask an engine for, for `n` of one prompt: one when greedy (they would be equal;
+        vLLM refuses n > 1 for greedy decoding), repeated n times by the caller."""
+        return 1 if self.greedy else n
+
 
 @dataclass
 class Completion:

@@ -226,12 +226,11 @@ class EndpointSampler:
             return list(pool.map(lambda i: self._sample(prompts[i], n, params, params.seed + i), range(len(prompts))))
 
     def _body(self, params: SamplingParams, n: int, seed: int, max_tokens: int) -> dict:
-        greedy = params.temperature == 0
-        return {"model": self.client.name, "n": n, "temperature": params.temperature, "top_p": 1.0 if greedy else params.top_p,
+        return {"model": self.client.name, "n": n, "temperature": params.temperature, "top_p": params.engine_top_p,
                 "max_tokens": max_tokens, "seed": seed}
 
     def _sample(self, prompt: str, n: int, params: SamplingParams, seed: int) -> list[Completion]:
-        draws = 1 if params.temperature == 0 else n  # greedy samples are equal: draw one
+        draws = params.draws(n)
         body = self._body(params, draws, seed, params.max_tokens)
         if self.config.chat:
             if draws > 1 and self.counting is None:  # no way to count each sample's tokens but one at a time

@@ -112,14 +112,13 @@ class VLLMSampler:
 
         if tools:
             return self._with_tools(prompts, n, params, tools)
-        greedy = params.temperature == 0
-        draws = 1 if greedy else n  # vLLM refuses n > 1 for greedy decoding: the n would be equal
+        draws = params.draws(n)
         requests = [{"prompt_token_ids": self.tokenizer(p, add_special_tokens=False)["input_ids"]} for p in prompts]
         per_prompt = [
             vllm.SamplingParams(
                 n=draws,
                 temperature=params.temperature,
-                top_p=1.0 if greedy else params.top_p,
+                top_p=params.engine_top_p,
                 max_tokens=params.max_tokens,
                 seed=params.seed + i,
             )
@@ -145,7 +144,7 @@ class VLLMSampler:
         def step(turn_prompts, counts, max_tokens, stop=None):
             requests = [{"prompt_token_ids": p} for p in turn_prompts]
             sampling = [
-                vllm.SamplingParams(n=k, temperature=params.temperature, top_p=1.0 if params.temperature == 0 else params.top_p,
+                vllm.SamplingParams(n=k, temperature=params.temperature, top_p=params.engine_top_p,
                                     max_tokens=max_tokens, seed=params.seed + next(calls), stop=[CLOSE], include_stop_str_in_output=True)
                 for k in counts
             ]

@@ -84,7 +84,6 @@ log = logging.getLogger(__name__)
 # What the asynchronous generator cannot do, each with why (grpo stage field -> reason).
 NOT_ASYNC = {
     "dynamic_sampling": "a refill draws again inside the step",
-    "peft": "the generator takes whole weights, not a LoRA adapter",
 }
 
 # The DeepSeek-R1 paper's GRPO (arXiv:2501.12948, section 2.2): KL coefficient 0.001, and the

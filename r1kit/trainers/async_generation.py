@@ -27,6 +27,8 @@ optimizer steps ahead of the trainer, with the trainer's new weights after every
 - **Resume.** A restarted stage starts a new generator from the checkpoint's weights; batches that
   were in flight are drawn again, for the steps that train on them.
 - **Cores.** The generator gets half of the process's cores (at least one), the trainer the rest.
+- **LoRA.** With ``peft:`` the generator holds a plain model: each step it gets the base weights with
+  the adapter's delta added (`plain_weights`), the trainer's model left as it is.
 
 Not here: the loss (TRL's), the rewards (TRL computes them in the trainer's process while the
 generator draws the next batches), GPUs (TRL's own asynchronous trainer, r1kit.stages.grpo).
@@ -85,23 +87,26 @@ class Generator:
                  bf16: bool, threads: int, seed: int, tools: list | None = None, tokenizer=None):
         mp = torch.multiprocessing.get_context("spawn")
         self.max_staleness = max_staleness
-        self.buffers = {k: v.detach().to(torch.float32).clone().share_memory_() for k, v in model.state_dict().items()}
+        self.buffers = {k: v.detach().to(torch.float32).clone().share_memory_() for k, v in plain_weights(model).items()}
         self.version = mp.Value("q", -1, lock=False)
         self.lock = mp.Lock()
         self.requests, self.results = mp.Queue(), mp.Queue()
         settings = {"temperature": temperature, "top_p": top_p, "eos_ids": sorted(eos_ids), "pad_id": pad_id, "bf16": bf16,
                     "threads": threads, "seed": seed, "tools": tools, "tokenizer": tokenizer}
-        self.process = mp.Process(target=serve, args=(model.config, self.buffers, self.version, self.lock, self.requests,
+        config = model.get_base_model().config if hasattr(model, "get_base_model") else model.config
+        self.process = mp.Process(target=serve, args=(config, self.buffers, self.version, self.lock, self.requests,
                                                       self.results, settings), daemon=True, name="r1kit-generator")
         self.process.start()
         self.pending: deque[tuple[int, list[list[int]], list[int]]] = deque()
 
     def publish(self, model, version: int) -> None:
         """`model`'s weights, `version` optimizer steps in, for the generator's next batch."""
-        with torch.no_grad(), self.lock:
-            for name, tensor in model.state_dict().items():
-                self.buffers[name].copy_(tensor)
-            self.version.value = version
+        with torch.no_grad():
+            weights = plain_weights(model)
+            with self.lock:
+                for name, tensor in weights.items():
+                    self.buffers[name].copy_(tensor)
+                self.version.value = version
 
     def submit(self, step: int, prompts: list[list[int]], counts: list[int], max_tokens: int, lockstep_rng: bool) -> None:
         """Ask for `counts[i]` completions of each `prompts[i]`, for optimizer step `step`: drawn by
@@ -138,6 +143,26 @@ class Generator:
         if self.process.is_alive():
             self.process.kill()
             self.process.join()
+
+
+def plain_weights(model) -> dict[str, torch.Tensor]:
+    """The weights of `model` as a plain transformers model of its architecture names them: a LoRA
+    model's (peft) with each adapter's delta added to its base weight, the model left untouched."""
+    if not hasattr(model, "get_base_model"):
+        return model.state_dict()
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    deltas = {name: sum(m.get_delta_weight(a) for a in m.active_adapters) for name, m in base.named_modules() if isinstance(m, LoraLayer)}
+    out = {}
+    for key, value in base.state_dict().items():
+        if ".lora_" in key:
+            continue
+        owner, _, leaf = key.rpartition(".base_layer.")
+        if owner in deltas and leaf == "weight":
+            value = value + deltas[owner].to(value.dtype)
+        out[key.replace(".base_layer.", ".")] = value
+    return out
 
 
 def serve(config, buffers, version, lock, requests, results, settings) -> None:
