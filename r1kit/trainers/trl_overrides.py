@@ -184,6 +184,9 @@ class GRPOTrainer(trl.GRPOTrainer):
         if self.loop is None:
             raise RecipeError(f"max_staleness: asynchronous generation runs r1kit's decoding loop, which cannot stand in "
                               f"here ({self.paths['r1kit_decoding_loop'].removeprefix('off: ')})")
+        if self.accelerator.num_processes > 1:
+            raise RecipeError(f"max_staleness: asynchronous generation runs on one process, not {self.accelerator.num_processes}; "
+                              "launch one, or leave max_staleness out")
         threads, left = async_generation.split_cores()
         torch.set_num_threads(left)
         model = self.accelerator.unwrap_model(self.model)
