@@ -212,7 +212,7 @@ def test_new_weights_reach_the_generator(tiny_model):
     prompts = [[5, 6, 7, 8], [9, 10]]
 
     def draw(step: int):
-        generator.submit(step, prompts, [2, 2], 12, lockstep_rng=False)
+        generator.submit(step, prompts, [2, 2], 12)
         return generator.take()[0]
 
     def scored(drawn, weights) -> list[torch.Tensor]:

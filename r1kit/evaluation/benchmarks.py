@@ -242,9 +242,11 @@ def load_benchmark(
             raise EvalError(f"{source}: id {pid!r} appears twice; ids must be unique")
         seen.add(pid)
         listed = row.get("groups") if isinstance(row.get("groups"), dict) else {}
-        # a null value is a group of its own in the breakdown, "(none)", rather than left out of it
-        groups = {g: "(none)" if v is None else str(v) for g in BREAKDOWNS if g in listed or g in row
-                  for v in [listed.get(g, row.get(g))]}
+        groups = {}
+        for g in BREAKDOWNS:
+            if g in listed or g in row:  # a null value is a group of its own in the breakdown, "(none)"
+                value = listed.get(g, row.get(g))
+                groups[g] = "(none)" if value is None else str(value)
         if code:
             tests = Tests(**{f: row.get(f) or None for f in CODE_FIELDS})
             _check_own_limits(tests, f"{source}: row {i + 1}")

@@ -118,7 +118,7 @@ def load_suite(name_or_path: str) -> Suite:
 
             try:
                 arguments(e.benchmark.removeprefix("task:"), e.task)
-            except (RecipeError, ValueError) as exc:
+            except ValueError as exc:  # RecipeError and DataError among them
                 raise EvalError(f"{path}: benchmarks[{i}].task: {exc}") from None
         never = next((why for f in e.report if (why := uncomputable(e.benchmark, f))), None)
         if never:

@@ -108,11 +108,11 @@ class Generator:
                     self.buffers[name].copy_(tensor)
                 self.version.value = version
 
-    def submit(self, step: int, prompts: list[list[int]], counts: list[int], max_tokens: int, lockstep_rng: bool) -> None:
+    def submit(self, step: int, prompts: list[list[int]], counts: list[int], max_tokens: int) -> None:
         """Ask for `counts[i]` completions of each `prompts[i]`, for optimizer step `step`: drawn by
-        weights at most `max_staleness` steps older; with `lockstep_rng`, from torch's random state
-        as it is now (taken back by `take`)."""
-        rng = torch.get_rng_state() if lockstep_rng else None
+        weights at most `max_staleness` steps older; in lockstep (`max_staleness` 0), from torch's
+        random state as it is now (taken back by `take`)."""
+        rng = torch.get_rng_state() if self.max_staleness == 0 else None
         self.requests.put((step, step - self.max_staleness, prompts, counts, max_tokens, rng))
         self.pending.append((step, prompts, counts))
 
@@ -275,7 +275,7 @@ class Feed:
         from r1kit.trainers.rollouts import groups
 
         prompts, counts = groups(self.tokenize([row["prompt"] for row in rows]))
-        self.generator.submit(step, prompts, counts, self.max_tokens, lockstep_rng=self.generator.max_staleness == 0)
+        self.generator.submit(step, prompts, counts, self.max_tokens)
 
 
 def outside_share(batch: dict, mode: str, low: float | None, high: float | None) -> float:
@@ -284,12 +284,17 @@ def outside_share(batch: dict, mode: str, low: float | None, high: float | None)
     mask = batch["completion_mask"].bool()
     diff = (batch["old_per_token_logps"] - batch["sampling_per_token_logps"]).nan_to_num(0.0) * mask
     ratio = diff.sum(-1).exp() if mode.startswith("sequence") else diff.exp()[mask]
+    return _share_outside(ratio, low, high) if ratio.numel() else 0.0
+
+
+def _share_outside(ratio: torch.Tensor, low: float | None, high: float | None) -> float:
+    """The share of `ratio`'s (non-empty) values below `low` or above `high` (None: no bound)."""
     out = torch.zeros_like(ratio, dtype=torch.bool)
     if low is not None:
         out |= ratio < low
     if high is not None:
         out |= ratio > high
-    return float(out.float().mean()) if ratio.numel() else 0.0
+    return float(out.float().mean())
 
 
 def ratio_figures(logps: torch.Tensor, rows: dict, low: float, high: float) -> dict[str, float]:
@@ -303,4 +308,4 @@ def ratio_figures(logps: torch.Tensor, rows: dict, low: float, high: float) -> d
     if not ratio.numel():
         return {}
     return {"async/ratio_mean": float(ratio.mean()), "async/ratio_min": float(ratio.min()), "async/ratio_max": float(ratio.max()),
-            "async/corrected_share": float(((ratio < 1 - low) | (ratio > 1 + high)).float().mean())}
+            "async/corrected_share": _share_outside(ratio, 1 - low, 1 + high)}
