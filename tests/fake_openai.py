@@ -98,7 +98,12 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         fake = self.server.fake
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        length = int(self.headers.get("Content-Length", 0))
+        raw = self.rfile.read(length)
+        if len(raw) < length:  # the client died between its headers and its body: nothing was asked
+            self.close_connection = True
+            return
+        body = json.loads(raw or b"{}")
         with fake.gauge as inflight:
             try:
                 self.answer(fake, body, inflight)
