@@ -6,7 +6,10 @@ mode that the test suite runs so the script cannot rot.
     bash bench/gpu_smoke.sh WHEELS_DIR         # a bare GPU machine: install the wheels, then run
 
 One recipe, run through r1kit.pipeline: ``cold_start`` (sft) → ``rl`` (grpo, transformers
-generation) → ``rl_vllm`` (grpo with vLLM colocated; only with CUDA and vLLM) → ``rejection`` →
+generation) → ``rl_vllm`` (grpo with vLLM colocated; only with CUDA and vLLM) → ``rl_async``
+(asynchronous grpo, ``max_staleness: 1``: r1kit's generator process in the CPU mode; on GPUs TRL's
+asynchronous trainer with its vLLM server on GPU 1, where vLLM, the kernels package and a second
+GPU are there, else left out and said why) → ``rejection`` →
 ``sft`` → ``rl2`` (grpo, math_accuracy plus a tiny random reward model) → ``eval``
 (transformers) → ``eval_vllm`` (only when vLLM imports), from the tiny model stored in bfloat16 as
 hub checkpoints are. On a GPU the training stages run in bf16 mixed precision (``bf16: true``)
@@ -48,7 +51,20 @@ def bf16_copy(model: Path, out: Path) -> str:
     return str(out)
 
 
-def recipe(work: Path, model: str, rm: str, steps: int, gpu: bool, vllm: bool) -> dict:
+def async_engine(gpu: bool, vllm: bool) -> tuple[str | None, str]:
+    """Which engine the ``rl_async`` stage runs on here, and why (None: the stage is left out)."""
+    if not gpu:
+        return "r1kit", "r1kit's generator process (CPU)"
+    import torch
+
+    lacks = [what for what, missing in [("vllm", not vllm), ("kernels", importlib.util.find_spec("kernels") is None),
+                                        ("a second GPU for the vLLM server", torch.cuda.device_count() < 2)] if missing]
+    if lacks:
+        return None, f"left out: TRL's asynchronous trainer needs {', '.join(lacks)}"
+    return "trl", "TRL's AsyncGRPOTrainer, its vLLM server on GPU 1"
+
+
+def recipe(work: Path, model: str, rm: str, steps: int, gpu: bool, vllm: bool, engine: str | None = None) -> dict:
     precision = {"bf16": True} if gpu else {}
     train = {"per_device_train_batch_size": 16, "logging_steps": 1, "save_strategy": "no", **precision}
     grpo = {**train, "max_steps": steps, "num_generations": 8, "max_completion_length": 32, "learning_rate": 5.0e-4}
@@ -61,6 +77,11 @@ def recipe(work: Path, model: str, rm: str, steps: int, gpu: bool, vllm: bool) -
     ]
     if vllm:
         stages.append({"name": "rl_vllm", **rl, "trainer": {**grpo, "use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3}})
+    if engine == "r1kit":
+        stages.append({"name": "rl_async", **rl, "max_staleness": 1})
+    elif engine == "trl":
+        stages.append({"name": "rl_async", **rl, "max_staleness": 1, "async_engine": "trl", "server_gpus": [1],
+                       "server_options": {"gpu_memory_utilization": 0.3, "max_model_len": 512}})
     stages += [
         {"name": "rejection", "kind": "rejection", "template": "plain", "data": task, "samples": 4, "max_tokens": 32,
          "rewards": [{"name": "math_accuracy"}], "min_total": 0.0, "backend": "transformers"},  # keeps rows whatever the tiny model knows
@@ -169,7 +190,8 @@ def main() -> int:
     model = bf16_copy(build_tiny_model(work / "tiny", seed=0), work / "tiny_bf16")
     rm = str(build_tiny_reward_model(model, work / "rm"))
     path = work / "recipe.json"
-    path.write_text(json.dumps(recipe(work, model, rm, args.steps, gpu, vllm)))
+    engine, engine_why = async_engine(gpu, vllm)
+    path.write_text(json.dumps(recipe(work, model, rm, args.steps, gpu, vllm, engine)))
     start = time.perf_counter()
     records = pipeline.run(load_recipe(path))
     stages = figures(work / "run", records)
@@ -178,6 +200,7 @@ def main() -> int:
         "device": torch.cuda.get_device_name() if gpu else "cpu",
         "torch": torch.__version__,
         "vllm": vllm,
+        "rl_async": engine_why,
         "total_s": round(time.perf_counter() - start, 1),
         "stage_processes": stage_process.enabled(),
         "stages": stages,
@@ -190,6 +213,7 @@ def main() -> int:
         free = "-" if s["gpu_free_at_start_mib"] is None else f"{s['gpu_free_at_start_mib']:.0f}"
         peak = "-" if s["gpu_peak_mib"] is None else f"{s['gpu_peak_mib']:.0f}"
         print(f"{name:<12}{s['kind']:<11}{s['wall_s']:>8.1f}{s['tokens_per_s'] or '-':>10}{free:>19}{peak:>14}  {'yes' if s['vllm'] else 'no'}")
+    print(f"rl_async: {engine_why}")
     print("checks: " + ", ".join(f"{k} {'ok' if v else 'FAILED'}" for k, v in result_checks.items()))
     print(f"figures: {args.out / 'gpu_smoke.json'}")
     return 0 if all(result_checks.values()) else 1

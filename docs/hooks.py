@@ -266,7 +266,7 @@ def recipe_keys() -> str:
         spec = stages.get(kind)
         out.append(f"### `{kind}` stages\n")
         if spec.trainer_config is not None:
-            cls = spec.trainer_config()
+            cls = spec.trainer_config(stage_example(spec.config))
             out.append(f"`trainer:` holds fields of `{cls.__module__.split('.')[0]}.{cls.__name__}`, as they are; see [stage kinds](stages.md#stage-kinds) for the ones r1kit sets.\n")
         rows = [[f"`{k}`", t, d, w] for k, t, d, w in key_rows(spec.config)]
         out.append(table(head, rows))
@@ -287,7 +287,7 @@ def stage_kinds() -> str:
         if spec.trainer_config is None:
             engine, defaults = "r1kit.sampling", "-"
         else:
-            cls = spec.trainer_config()
+            cls = spec.trainer_config(stage_example(spec.config))
             engine = f"`{cls.__module__.split('.')[0]}.{cls.__name__}`"
             fields = {k: v for k, v in spec.trainer_defaults(stage_example(spec.config)).items() if v not in ([], {})}
             defaults = ", ".join(f"`{k}: {code(v).strip('`')}`" for k, v in fields.items()) or "-"

@@ -80,7 +80,7 @@ def _build(raw: dict, stage_registry, world: World) -> Recipe:
         spec = stage_registry.get(kind)
         stage = from_dict(spec.config, s, name)
         if spec.trainer_config is not None:
-            stage.trainer = check_trainer_block(spec.trainer_config(), s.get("trainer"), f"{name}.trainer")
+            stage.trainer = check_trainer_block(spec.trainer_config(stage), s.get("trainer"), f"{name}.trainer")
         if spec.check is not None:
             spec.check(stage)
         _check_limits(stage, spec.data(stage))
@@ -257,6 +257,6 @@ def check_trainer_config(spec, stage: StageConfig, recipe: Recipe, world: World)
     fields, _ = trainer_fields(stage, recipe, spec.trainer_defaults(stage))
     try:
         with stage_process.hidden_world() if stage_process.off_device(world) else contextlib.nullcontext():
-            spec.trainer_config()(**fields)
+            spec.trainer_config(stage)(**fields)
     except (ValueError, TypeError) as exc:
         raise RecipeError(f"{stage.name}.trainer: {' '.join(str(exc).split())}") from None

@@ -42,7 +42,6 @@ This module does not know any particular reward and never imports one by name.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import math
 import inspect
@@ -303,24 +302,32 @@ def from_recipe(specs: list[dict[str, Any]], where: str) -> list[Reward]:
     return out
 
 
-def for_trl(reward: Reward) -> Callable[..., list[float | None]]:
-    """Adapt a reward to TRL's ``reward_funcs`` calling convention.
+def for_trl(reward: Reward, scale: float = 1.0) -> "TRLReward":
+    """Adapt a reward to TRL's ``reward_funcs`` calling convention (`TRLReward`); its scores times
+    `scale` (for a trainer without ``reward_weights``)."""
+    return TRLReward(reward, scale)
+
+
+class TRLReward:
+    """A reward in TRL's ``reward_funcs`` convention.
 
     TRL calls ``f(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns)``
     and names the logged metrics after ``f.__name__``. Conversational completions (lists of
     messages) are reduced to the assistant's text. The rendered prompts reach the reward as the
     ``prompt`` column (the format reward sees a prefilled ``<think>`` there) and ``completion_ids``
-    as a column too (length rewards count tokens with it).
+    as a column too (length rewards count tokens with it). An object rather than a closure, so a
+    spawned process (TRL's asynchronous rollout worker) can take it.
     """
 
-    @functools.wraps(reward.fn)
-    def call(prompts=None, completions=None, completion_ids=None, trainer_state=None, **columns):
+    def __init__(self, reward: Reward, scale: float = 1.0):
+        self.reward, self.scale = reward, scale
+        self.__name__ = reward.name.replace(":", "_").replace(".", "_")
+
+    def __call__(self, prompts=None, completions=None, completion_ids=None, trainer_state=None, **columns):
         texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
         prompt_texts = [p if isinstance(p, str) else p[-1]["content"] for p in prompts]
-        return reward(texts, prompt=prompt_texts, completion_ids=completion_ids, **columns)
-
-    call.__name__ = reward.name.replace(":", "_").replace(".", "_")
-    return call
+        scores = self.reward(texts, prompt=prompt_texts, completion_ids=completion_ids, **columns)
+        return scores if self.scale == 1.0 else [None if s is None else s * self.scale for s in scores]
 
 
 def score(rewards: list[Reward], completions: list[str], **columns) -> dict[str, list[float | None]]:

@@ -1,5 +1,7 @@
-"""bench/gpu_smoke.py, the prepared GPU check, in its CPU mode: every stage kind runs and its
-figures and checks land in gpu_smoke.json; a non-finite loss fails the check."""
+"""bench/gpu_smoke.py, the prepared GPU check, in its CPU mode: every stage kind runs (asynchronous
+GRPO on r1kit's generator among them) and its figures and checks land in gpu_smoke.json; a
+non-finite loss fails the check; the asynchronous step says why it is left out on a GPU machine
+that cannot run TRL's asynchronous trainer."""
 
 from __future__ import annotations
 
@@ -19,11 +21,12 @@ def test_the_gpu_check_runs_every_stage_in_cpu_mode(tmp_path):
     result = json.loads((tmp_path / "gpu_smoke.json").read_text())
     assert result["device"] == "cpu" and result["vllm"] is False
     stages = result["stages"]
-    assert list(stages) == ["cold_start", "rl", "rejection", "sft", "rl2", "eval"]
+    assert list(stages) == ["cold_start", "rl", "rl_async", "rejection", "sft", "rl2", "eval"]
     assert {s["kind"] for s in stages.values()} == {"sft", "grpo", "rejection", "eval"}
-    for name in ("cold_start", "rl", "sft", "rl2", "eval"):
+    for name in ("cold_start", "rl", "rl_async", "sft", "rl2", "eval"):
         assert stages[name]["tokens_per_s"] > 0, name
-    for name in ("cold_start", "rl", "sft", "rl2"):
+    assert result["rl_async"] == "r1kit's generator process (CPU)" and "rl_async: r1kit's generator process" in proc.stdout
+    for name in ("cold_start", "rl", "rl_async", "sft", "rl2"):
         assert stages[name]["trained_dtype"] == "float32" and stages[name]["use_cpu"] is True  # from a bf16 checkpoint
     assert all(result["checks"].values()), result["checks"]
     assert result["checks"]["reward_model_whole_under_zero3"] and result["checks"]["reward_model_whole_under_fsdp"]
@@ -52,3 +55,24 @@ def test_memory_left_by_an_earlier_stage_fails_the_check():
     left = {"a": {**stage, "gpu_free_at_start_mib": 140_000}, "b": {**stage, "gpu_free_at_start_mib": 120_000}}
     assert smoke.checks(clean, gpu=True, sharded={"fsdp": True, "zero3": True})["memory_free_at_each_stage_start"] is True
     assert smoke.checks(left, gpu=True, sharded={"fsdp": True, "zero3": True})["memory_free_at_each_stage_start"] is False
+
+
+def test_the_async_step_says_why_a_gpu_machine_leaves_it_out(monkeypatch, tmp_path):
+    spec = importlib.util.spec_from_file_location("gpu_smoke", SCRIPT)
+    smoke = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(smoke)
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    engine, why = smoke.async_engine(gpu=True, vllm=False)
+    assert engine is None and why.startswith("left out: TRL's asynchronous trainer needs vllm") and why.endswith("a second GPU for the vLLM server")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    assert smoke.async_engine(gpu=True, vllm=True)[0] == "trl"
+    monkeypatch.undo()
+    recipe = smoke.recipe(tmp_path, "tiny", "tiny", 2, gpu=True, vllm=True, engine="trl")
+    (tmp_path / "recipe.json").write_text(json.dumps(recipe))
+    from r1kit.recipe import load_recipe
+
+    stage = {s.name: s for s in load_recipe(tmp_path / "recipe.json").stages}["rl_async"]  # a valid recipe
+    assert (stage.async_engine, stage.server_gpus, stage.max_staleness) == ("trl", [1], 1)

@@ -81,7 +81,7 @@ def test_bfloat16_a_recipe_asks_for_is_refused_only_where_it_would_be_emulated(w
 
     asks = settings(load_recipe(write_recipe({"model": "tiny", "stages": [grpo(bf16=True)]})))
     leaves = settings(load_recipe(write_recipe({"model": "tiny", "stages": [grpo(), grpo(bf16=False) | {"name": "rl2"}]}, "other.yaml")))
-    assert asks == {"rl": {"trainer.bf16": True, "trainer.model_init_kwargs.dtype": False}}
+    assert asks == {"rl": {"trainer.bf16": True, "trainer.model_init_kwargs.dtype": False, "trainer.dtype": False}}
     for gpu, native, expected in [(False, False, 1), (False, True, 0), (True, False, 0)]:
         monkeypatch.setattr("r1kit.hardware.precision.native_bf16", lambda cpuinfo=None: native)
         assert len(emulated_bf16(asks, gpu)) == expected and emulated_bf16(leaves, gpu) == []
@@ -237,7 +237,7 @@ def test_shipped_recipes_build_their_trainer_configs_and_loggers(path):
         if kind.trainer_config is None:
             continue
         fields, _ = trainer_fields(stage, recipe, kind.trainer_defaults(stage))
-        args = kind.trainer_config()(**fields)
+        args = kind.trainer_config(stage)(**fields)
         for callback in get_reporting_integration_callbacks(args.report_to):
             callback()  # TensorBoardCallback raises here when tensorboard is missing
         built += 1

@@ -72,12 +72,17 @@ def _die_with_parent() -> None:
 
 
 class Servers:
-    """vLLM servers for `model` (see the module docstring); `command` replaces vLLM's server (tests)."""
+    """vLLM servers for `model` (see the module docstring), serving it as `name`; with `gpus`, one
+    server on exactly those GPUs (indices among the visible ones; tensor parallel over them unless
+    `options` says otherwise); `env` is added to each server's environment; `command` replaces
+    vLLM's server (tests)."""
 
     def __init__(self, model: str, options: dict | None = None, log_dir: str | Path = ".", start_timeout: float = 1800.0,
-                 command: list[str] | None = None):
+                 command: list[str] | None = None, name: str = NAME, gpus: list[int] | None = None, env: dict | None = None):
         self.model, self.options, self.log_dir = model, dict(options or {}), Path(log_dir)
-        self.start_timeout, self.name = start_timeout, NAME
+        self.start_timeout, self.name, self.gpus, self.env = start_timeout, name, gpus, dict(env or {})
+        if gpus:
+            self.options.setdefault("tensor_parallel_size", len(gpus))
         self.command = command or [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
         self.processes: list[subprocess.Popen] = []
         self.urls: list[str] = []
@@ -92,6 +97,8 @@ class Servers:
         from r1kit.sampling.vllm_backend import engine_gpus, engines_per_node, visible_gpus
 
         gpus, tp = visible_gpus(), int(self.options.get("tensor_parallel_size", 1))
+        if self.gpus:  # indices among the GPUs this process sees
+            return [{"CUDA_VISIBLE_DEVICES": ",".join(gpus[i] for i in self.gpus)}]
         return [{"CUDA_VISIBLE_DEVICES": ",".join(engine_gpus(i, tp, gpus))} for i in range(engines_per_node(len(gpus), tp, len(gpus)))]
 
     def start(self) -> "Servers":
@@ -107,7 +114,7 @@ class Servers:
                 cmd = [*self.command, "--model", self.model, "--served-model-name", self.name, "--host", "127.0.0.1", "--port", str(port), *flags(options)]
                 with open(self.log_dir / f"server{i}.log", "ab") as out:
                     self.processes.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                           env={**os.environ, **env}, start_new_session=True, preexec_fn=_die_with_parent))
+                                                           env={**os.environ, **self.env, **env}, start_new_session=True, preexec_fn=_die_with_parent))
                 self.urls.append(f"http://127.0.0.1:{port}/v1")
                 log.info("vllm_server: server %d starting on port %d (log %s)", i, port, self.log_dir / f"server{i}.log")
             self.wait()

@@ -18,8 +18,8 @@ class StageKind:
     """The stage's config dataclass."""
     run: Callable[["StageContext"], "StageResult"]
     """Runs the stage."""
-    trainer_config: Callable[[], type] | None = None
-    """Returns the trainer library's config class for the `trainer:` block (imported lazily)."""
+    trainer_config: Callable[[Any], type] | None = None
+    """Returns the trainer library's config class for the stage's `trainer:` block (imported lazily)."""
     check: Callable[[Any], None] | None = None
     """Checks that need more than types (reward names, templates); raises RecipeError."""
     trainer_defaults: Callable[[Any], dict[str, Any]] = lambda stage: {}

