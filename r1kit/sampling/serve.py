@@ -73,16 +73,16 @@ def _die_with_parent() -> None:
 
 class Servers:
     """vLLM servers for `model` (see the module docstring), serving it as `name`; with `gpus`, one
-    server on exactly those GPUs (indices among the visible ones; tensor parallel over them unless
-    `options` says otherwise); `env` is added to each server's environment; `command` replaces
+    server on exactly those GPUs (indices among the visible ones; tensor parallel over them, or over
+    their share of each ``data_parallel_size`` replica, unless `options` says otherwise); `env` is added to each server's environment; `command` replaces
     vLLM's server (tests)."""
 
     def __init__(self, model: str, options: dict | None = None, log_dir: str | Path = ".", start_timeout: float = 1800.0,
                  command: list[str] | None = None, name: str = NAME, gpus: list[int] | None = None, env: dict | None = None):
         self.model, self.options, self.log_dir = model, dict(options or {}), Path(log_dir)
         self.start_timeout, self.name, self.gpus, self.env = start_timeout, name, gpus, dict(env or {})
-        if gpus:
-            self.options.setdefault("tensor_parallel_size", len(gpus))
+        if gpus:  # tensor parallel over the GPUs that data parallelism leaves to each replica
+            self.options.setdefault("tensor_parallel_size", len(gpus) // int(self.options.get("data_parallel_size", 1)))
         self.command = command or [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
         self.processes: list[subprocess.Popen] = []
         self.urls: list[str] = []

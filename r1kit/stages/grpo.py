@@ -282,7 +282,9 @@ class RewardClock:
 def summarize(records: list[dict], rewards) -> dict[str, float]:
     """First and last logged value of the figures a reasoning-RL user watches."""
     out: dict[str, float] = {}
-    keys = ["reward"] + [f"rewards/{reward_registry.for_trl(r).__name__}/mean" for r in rewards]
+    names = [reward_registry.for_trl(r).__name__ for r in rewards]
+    # TRL's GRPOTrainer logs rewards/<name>/mean, its asynchronous trainer rewards/<name>
+    keys = ["reward"] + [f"rewards/{n}/mean" for n in names] + [f"rewards/{n}" for n in names]
     keys += ["completions/mean_length", "completions/clipped_ratio"]
     for key in keys:
         values = [r[key] for r in records if key in r]
@@ -295,13 +297,15 @@ def summarize(records: list[dict], rewards) -> dict[str, float]:
 def summarize_async(records: list[dict]) -> dict[str, float]:
     """Over the logged steps of an asynchronous stage: staleness (mean, max), the share of samples
     dropped as too old, the importance ratio's extremes and the share corrected, and the seconds
-    each side waited for the other (summed)."""
+    each side waited for the other (summed); on TRL's asynchronous trainer, its staleness and the
+    number of samples it dropped."""
     def values(key):
         return [r[key] for r in records if key in r]
 
     staleness = values("async/staleness")
-    if not staleness:
-        return {}
+    if not staleness:  # TRL's asynchronous trainer (async_engine: trl): its own staleness figures
+        mean, peak, dropped = values("sample/staleness_mean"), values("sample/staleness_max"), values("sample/dropped_stale_total")
+        return {"staleness_mean": sum(mean) / len(mean), "staleness_max": max(peak or mean), "dropped_samples": sum(dropped)} if mean else {}
     out = {"staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness),
            "dropped_share": sum(values("async/dropped_share")) / len(staleness)}
     for key, name, pick in [("async/ratio_min", "ratio_min", min), ("sampling/importance_sampling_ratio/min", "ratio_min", min),

@@ -106,6 +106,12 @@ def check(stage) -> None:
         raise RecipeError(f"{stage.name}.server_gpus: {gpus!r}: a list of distinct GPU indices (0 or more)")
     if stage.server_options and given:
         raise RecipeError(f"{stage.name}.server_options: r1kit starts no server when trainer.vllm_server_base_url is set")
+    if gpus:
+        dp = stage.server_options.get("data_parallel_size", 1)
+        tp = stage.server_options.get("tensor_parallel_size", len(gpus) // dp if isinstance(dp, int) and dp > 0 else 0)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (tp, dp)) or tp * dp != len(gpus):
+            raise RecipeError(f"{stage.name}.server_options: tensor_parallel_size {tp} x data_parallel_size {dp} must equal "
+                              f"the {len(gpus)} server_gpus")
 
 
 def trainer_defaults(stage) -> dict:
