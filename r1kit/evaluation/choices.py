@@ -29,9 +29,9 @@ statement) by anything but another choice joined to it, or (in the whole span) o
 choice's own text; else it is a choice when it is exactly one choice's text (spacing, case and a
 final period aside). A letter followed by exactly another choice's text (``The answer is A =
 benzoquinone`` where benzoquinone is C) is that other choice: the model lettered the choices in
-another order, and the text says which it meant. A hedge names no choice and scores 0: ``A or B``, ``A/B``, ``either B or
-C``, ``\\boxed{A, C}``, ``C, or maybe D``. A completion still inside ``<think>`` (cut off, or never
-closing a reasoning block its prompt opened) has no final answer.
+another order, and the text says which it meant. A hedge names no choice and scores 0: ``A or
+B``, ``A/B``, ``either B or C``, ``\\boxed{A, C}``, ``C, or maybe D``. A completion still inside
+``<think>`` (cut off, or never closing a reasoning block its prompt opened) has no final answer.
 
 Not here: answers given only in the reasoning (a model that never states a final answer scores
 0), choice letters beyond J, and free-text similarity (a paraphrase of a choice is no answer).
@@ -107,9 +107,10 @@ def _choice_in(found: str, choices: list[str], statement: bool = True) -> str | 
     if lead and (lead.group(1) or lead.group(2)).upper() in letters:
         letter, rest = (lead.group(1) or lead.group(2)).upper(), lead.group(3).strip()
         own = choices[letters.index(letter)]
-        if not rest or _same(rest, own) or _same(rest.lstrip(")].:=- "), own):
+        text = rest.lstrip(")].:=- ")
+        if not rest or _same(rest, own) or _same(text, own):
             return letter
-        named = [letters[i] for i, choice in enumerate(choices) if _same(rest.lstrip(")].:=- "), choice)]
+        named = [letters[i] for i, choice in enumerate(choices) if _same(text, choice)]
         if len(named) == 1:  # "A = <the text of C>": the letter of another order, the choice by its text
             return named[0]
         if not statement:

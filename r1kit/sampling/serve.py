@@ -74,8 +74,8 @@ def _die_with_parent() -> None:
 class Servers:
     """vLLM servers for `model` (see the module docstring), serving it as `name`; with `gpus`, one
     server on exactly those GPUs (indices among the visible ones; tensor parallel over them, or over
-    their share of each ``data_parallel_size`` replica, unless `options` says otherwise); `env` is added to each server's environment; `command` replaces
-    vLLM's server (tests)."""
+    their share of each ``data_parallel_size`` replica, unless `options` says otherwise); `env` is
+    added to each server's environment; `command` replaces vLLM's server (tests)."""
 
     def __init__(self, model: str, options: dict | None = None, log_dir: str | Path = ".", start_timeout: float = 1800.0,
                  command: list[str] | None = None, name: str = NAME, gpus: list[int] | None = None, env: dict | None = None):

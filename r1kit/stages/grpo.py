@@ -303,9 +303,8 @@ def summarize_async(records: list[dict]) -> dict[str, float]:
         return [r[key] for r in records if key in r]
 
     staleness = values("async/staleness")
-    if not staleness:  # TRL's asynchronous trainer (async_engine: trl): its own staleness figures
-        mean, peak, dropped = values("sample/staleness_mean"), values("sample/staleness_max"), values("sample/dropped_stale_total")
-        return {"staleness_mean": sum(mean) / len(mean), "staleness_max": max(peak or mean), "dropped_samples": sum(dropped)} if mean else {}
+    if not staleness:
+        return summarize_trl_async(values)
     out = {"staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness),
            "dropped_share": sum(values("async/dropped_share")) / len(staleness)}
     for key, name, pick in [("async/ratio_min", "ratio_min", min), ("sampling/importance_sampling_ratio/min", "ratio_min", min),
@@ -316,6 +315,16 @@ def summarize_async(records: list[dict]) -> dict[str, float]:
     for key in ("trainer_wait_seconds", "generator_wait_seconds"):
         out[key] = sum(values(f"async/{key}"))
     return out
+
+
+def summarize_trl_async(values) -> dict[str, float]:
+    """TRL's asynchronous trainer's own figures (async_engine: trl): staleness (mean, max) and the
+    samples it dropped as too old; `values(key)` gives a figure's logged values."""
+    mean = values("sample/staleness_mean")
+    if not mean:
+        return {}
+    return {"staleness_mean": sum(mean) / len(mean), "staleness_max": max(values("sample/staleness_max") or mean),
+            "dropped_samples": sum(values("sample/dropped_stale_total"))}
 
 
 def trainer_defaults(stage: GRPOStage) -> dict:
