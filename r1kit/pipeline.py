@@ -182,10 +182,12 @@ def machine_problems(recipe: Recipe) -> list[str]:
 def preflight(recipe: Recipe, stages: list[str] | None = None) -> None:
     """Refuse to start a run this machine cannot finish (see `machine_problems`), or whose served
     models (of `stages`, default all) do not answer as the recipe says."""
-    from r1kit.stages.hooks import server_problems
-
+    names = [s.name for s in recipe.stages]
     problems = machine_problems(recipe)
-    problems += [f"{recipe.source}: {p}" for s in recipe.stages if stages is None or s.name in stages for p in server_problems(s)]
+    for s in recipe.stages:
+        if stages is None or s.name in stages:
+            start = ModelRef.parse(s.model or recipe.model, names)
+            problems += [f"{recipe.source}: {p}" for p in stage_registry.get(s.kind).servers(s, start)]
     if problems:
         raise RecipeError(problems[0] + (f" (and {len(problems) - 1} more, which r1kit validate lists)" if len(problems) > 1 else ""))
 

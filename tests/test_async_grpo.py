@@ -387,3 +387,14 @@ def test_on_a_gpu_machine_the_run_is_refused_before_any_compute(write_recipe, ti
     assert "rl.max_staleness: r1kit's asynchronous rollouts run on a CPU" in capsys.readouterr().err
     assert main(["run", str(path)]) == 2
     assert not (tmp_path / "run").exists()
+
+
+def test_under_a_launchers_several_processes_the_run_is_refused_before_any_compute(write_recipe, tiny_model, tmp_path, capsys,
+                                                                                  monkeypatch):
+    path = recipe(write_recipe, tiny_model, tmp_path / "run", max_staleness=1)
+    for name, value in {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "R1KIT_STAGE_PROCESS": "1"}.items():
+        monkeypatch.setenv(name, value)  # rank 0 of two; its stages in processes of their own (it joins no group)
+    assert main(["validate", str(path), "--here"]) == 2
+    assert "rl.max_staleness: r1kit's asynchronous rollouts run on one process, not 2" in capsys.readouterr().err
+    assert main(["run", str(path)]) == 2
+    assert not (tmp_path / "run").exists()

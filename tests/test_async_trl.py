@@ -250,6 +250,31 @@ def test_a_running_server_must_serve_the_model_under_its_path(tmp_path):
         async_trl.check_served("http://127.0.0.1:9", "/m")
 
 
+def test_validate_here_asks_a_running_server_before_anything_loads(write_recipe, monkeypatch):
+    """`validate --here` and `run` ask the recipe's running server (r1kit.pipeline.preflight): one
+    that does not answer is refused, and so is one serving another name where the stage starts
+    from a hub id; a stage starting from a model built during the run is asked only to answer."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from fake_openai import FakeServer
+
+    from r1kit import pipeline
+
+    monkeypatch.setattr(pipeline, "machine_problems", lambda recipe: [])  # a GPU machine's check passes
+    with FakeServer(["Qwen/Qwen2.5-Math-7B"]) as fake:
+        url = fake.url.removesuffix("/v1")
+        for model in ("Qwen/Qwen2.5-Math-7B", "tiny"):
+            pipeline.preflight(load_recipe(write_recipe({"model": model, "stages": [stage(trainer={"vllm_server_base_url": url})]})))
+        wrong = load_recipe(write_recipe({"model": "Qwen/Qwen2.5-7B", "stages": [stage(trainer={"vllm_server_base_url": url})]}))
+        with pytest.raises(RecipeError, match=r"recipe\.yaml: rl\.trainer\.vllm_server_base_url: .* serves Qwen/Qwen2\.5-Math-7B; "
+                                              r"TRL's rollout worker asks for 'Qwen/Qwen2\.5-7B'"):
+            pipeline.preflight(wrong)
+        assert not fake.requests  # asked with GETs only: nothing generated
+    closed = load_recipe(write_recipe({"model": "tiny", "stages": [stage(trainer={"vllm_server_base_url": "http://127.0.0.1:9"})]}))
+    with pytest.raises(RecipeError, match=r"rl\.trainer\.vllm_server_base_url: http://127\.0\.0\.1:9: no vLLM server answers"):
+        pipeline.preflight(closed)
+    pipeline.preflight(load_recipe(write_recipe({"model": "tiny", "stages": [stage(async_engine=None, trainer={"vllm_server_base_url": None})]})))
+
+
 def varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=True, window_size=(-1, -1), **kwargs):
     """FlashAttention's ``flash_attn_varlen_func`` on a CPU: segment i's queries attend to its keys,
     causally from the bottom right (the last query sees every key); grouped key heads repeated."""

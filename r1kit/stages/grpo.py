@@ -75,6 +75,7 @@ from r1kit import data as data_lib
 from r1kit import reward_registry, templates
 from r1kit.config import PromptStageConfig
 from r1kit.errors import RecipeError
+from r1kit.hardware import World
 from r1kit.execution import tools as tools_lib
 from r1kit.stages import hooks
 from r1kit.stages.base import StageContext, StageKind, StageResult, check_prompting
@@ -154,10 +155,15 @@ def check_async(stage: GRPOStage) -> None:
 
 def async_problems(stage: GRPOStage, gpu: bool) -> list[str]:
     """Asynchronous rollouts where their engine cannot run: r1kit's generator on a GPU (TRL's
-    asynchronous trainer is the engine there), TRL's without what it needs (r1kit.trainers.async_trl)."""
-    if stage.max_staleness is not None and gpu and stage.async_engine == "r1kit":
-        return [f"{stage.name}.max_staleness: r1kit's asynchronous rollouts run on a CPU (r1kit's decoding loop as the generator); "
-                "on GPUs set async_engine: trl (TRL's asynchronous trainer), or leave max_staleness out"]
+    asynchronous trainer is the engine there) or under a launcher's several processes, TRL's
+    without what it needs (r1kit.trainers.async_trl)."""
+    if stage.max_staleness is not None and stage.async_engine == "r1kit":
+        if gpu:
+            return [f"{stage.name}.max_staleness: r1kit's asynchronous rollouts run on a CPU (r1kit's decoding loop as the "
+                    "generator); on GPUs set async_engine: trl (TRL's asynchronous trainer), or leave max_staleness out"]
+        if (processes := World.from_env().world) > 1:
+            return [f"{stage.name}.max_staleness: r1kit's asynchronous rollouts run on one process, not {processes}; "
+                    "launch one, or leave max_staleness out"]
     return async_trl.machine_problems(stage, gpu)
 
 
@@ -355,4 +361,5 @@ STAGE = StageKind(
     config=GRPOStage, run=run, trainer_config=trainer_config, check=check, trainer_defaults=trainer_defaults,
     data=hooks.data_sections, budgets=hooks.trainer_budgets, bf16=hooks.trainer_bf16, plots_rl=True,
     machine_problems=lambda stage, gpu: hooks.trainer_problems(stage, gpu) + lora.machine_problems(stage, gpu) + async_problems(stage, gpu),
+    servers=async_trl.server_problems,
 )

@@ -86,9 +86,10 @@ def engine_problems(stage, gpu: bool) -> list[str]:
     return []
 
 
-def server_problems(stage) -> list[str]:
+def server_problems(stage, start=None) -> list[str]:
     """A served model (``backend: endpoint``) that does not answer, refuses the key or does not
-    serve the named model: every URL is asked which models it serves (r1kit.pipeline.preflight)."""
+    serve the named model: every URL is asked which models it serves (r1kit.pipeline.preflight).
+    The served name is the endpoint's or the stage's ``model``, not the starting model `start`."""
     from r1kit.sampling.endpoint import EndpointError, probe
 
     if getattr(stage, "backend", None) != "endpoint" or stage.endpoint.machine_problem():

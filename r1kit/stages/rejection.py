@@ -387,5 +387,5 @@ def publish(ctx: StageContext, rows, job: Job) -> StageResult:
 # Every process of a distributed run samples its own shard of the chunks; the main one merges them.
 STAGE = StageKind(
     config=RejectionStage, run=run, check=check, data=hooks.data_sections, budgets=hooks.sampling_budgets,
-    machine_problems=hooks.engine_problems, bf16=hooks.engine_bf16,
+    machine_problems=hooks.engine_problems, bf16=hooks.engine_bf16, servers=hooks.server_problems,
 )

@@ -22,7 +22,8 @@ and weights reach the server over NCCL after every ``weight_sync_steps`` steps. 
 - the vLLM server: started on ``server_gpus`` with the weight-transfer engine TRL's client speaks
   (``VLLM_SERVER_DEV_MODE=1``, NCCL weight transfer, processed log-probabilities), serving the
   model under the name TRL's worker asks for, stopped at the end (r1kit.sampling.serve); or a
-  running one, ``trainer.vllm_server_base_url``, checked to serve that name before the model loads;
+  running one, ``trainer.vllm_server_base_url``, asked by ``validate --here`` and again before the
+  model loads whether it serves that name;
 - one-line refusals, at validate time, of what TRL's trainer cannot do with r1kit's stage
   (`check`), and of what the machine lacks (`machine_problems`).
 
@@ -174,15 +175,30 @@ def server(ctx) -> Iterator[str]:
         yield servers.urls[0].removesuffix("/v1")
 
 
-def check_served(url: str, model: str) -> None:
-    """A running server must serve `model` under that very name: TRL's worker asks for it so."""
+def server_problems(stage, start) -> list[str]:
+    """A running server the stage names (``trainer.vllm_server_base_url``) that does not answer,
+    or, where the starting model `start` (r1kit.models.ModelRef) is a hub id or a folder, does not
+    serve it under that name; one earlier stage's model is known only when that stage has run."""
+    given = stage.trainer.get("vllm_server_base_url") if stage.async_engine == "trl" else None
+    if not given:
+        return []
+    try:
+        check_served(given, start.text if start.form in ("hub", "folder") else None)
+    except RecipeError as exc:
+        return [f"{stage.name}.{exc}"]
+    return []
+
+
+def check_served(url: str, model: str | None) -> None:
+    """A running server must serve `model` under that very name: TRL's worker asks for it so
+    (None: it must answer)."""
     import httpx
 
     try:
         served = [m["id"] for m in httpx.get(url.rstrip("/") + "/v1/models", timeout=30.0, trust_env=False).json()["data"]]
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
         raise RecipeError(f"trainer.vllm_server_base_url: {url}: no vLLM server answers /v1/models ({type(exc).__name__})") from None
-    if model not in served:
+    if model is not None and model not in served:
         raise RecipeError(f"trainer.vllm_server_base_url: {url} serves {', '.join(served) or 'nothing'}; TRL's rollout worker asks "
                           f"for {model!r}: start it with --served-model-name {model}")
 
