@@ -331,7 +331,8 @@ def test_the_stage_trains_on_trl_asynchronous_trainer_and_hands_on_the_model(wri
     monkeypatch.setattr(packing, "_flash_attn", lambda: types.SimpleNamespace(flash_attn_varlen_func=varlen_attention))
     monkeypatch.setattr(trl_trainer, "WeightTransferClient", NoTransfer)
     rec = load(write_recipe, template="chat", rewards=[{"name": "format", "weight": 0.5}, {"name": "test_async_trl:length_share", "weight": 2.0}],
-               trainer={"max_steps": 3, "num_generations": 4, "per_device_train_batch_size": 4, "learning_rate": 1e-3, "token_budget": 0})
+               trainer={"max_steps": 3, "num_generations": 4, "per_device_train_batch_size": 4, "learning_rate": 1e-3, "token_budget": 0,
+                        "save_steps": 2})
     model = resolve("tiny", rec)
     st = rec.stages[0]
     ctx = StageContext(recipe=rec, stage=st, dir=tmp_path / "rl", model=model, datasets={})
@@ -345,8 +346,9 @@ def test_the_stage_trains_on_trl_asynchronous_trainer_and_hands_on_the_model(wri
         result = grpo.run_trl(ctx, grpo.prompt_rows(ctx, tokenizer), rewards, tokenizer)
     out = Path(result.model)
     assert out == ctx.dir / "model"
-    saved = AutoTokenizer.from_pretrained(out)
-    assert saved.chat_template == own and getattr(saved, "response_template", None) is None  # the model's own templates
+    for folder in (out, Path(rec.output_dir) / "rl" / "checkpoints" / "checkpoint-2"):  # the model's own templates, in checkpoints too
+        saved = AutoTokenizer.from_pretrained(folder)
+        assert saved.chat_template == own and getattr(saved, "response_template", None) is None, folder
     before, after = load_file(Path(model) / "model.safetensors"), load_file(out / "model.safetensors")
     assert any(not torch.equal(before[k], after[k]) for k in before)  # it trained
     records = [json.loads(line) for line in (ctx.dir / "metrics.jsonl").read_text().splitlines()]

@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+from pathlib import Path
 from typing import Iterator
 
 from r1kit import reward_registry
@@ -211,11 +212,22 @@ def build(ctx, rows, rewards, tokenizer, url: str, callbacks: list):
     from r1kit.trainers.training import trainer_args
 
     own = tokenizer.chat_template, getattr(tokenizer, "response_template", None)
-    tokenizer.chat_template, tokenizer.response_template = VERBATIM, plain_response(tokenizer.eos_token)
+    served = VERBATIM, plain_response(tokenizer.eos_token)
 
-    class OwnTemplate(TrainerCallback):  # the model folder keeps the model's own chat template
+    def use(templates):
+        tokenizer.chat_template, tokenizer.response_template = templates
+
+    use(served)
+
+    class OwnTemplate(TrainerCallback):  # checkpoints and the model folder keep the model's own templates
+        def on_save(self, args, state, control, **kwargs):
+            if state.is_world_process_zero:  # the trainer has just saved the served ones into the checkpoint
+                use(own)
+                tokenizer.save_pretrained(Path(args.output_dir) / f"checkpoint-{state.global_step}")
+                use(served)
+
         def on_train_end(self, args, state, control, **kwargs):
-            tokenizer.chat_template, tokenizer.response_template = own
+            use(own)
 
     engine = trl_async()
     args = trainer_args(engine.AsyncGRPOConfig, ctx, **trainer_defaults(ctx.stage), vllm_server_base_url=url)
