@@ -158,5 +158,6 @@ def _run(ctx: StageContext, sampler) -> StageResult:
 
 
 STAGE = StageKind(
-    config=EvalStage, run=run, check=check, budgets=hooks.sampling_budgets, machine_problems=hooks.engine_problems, bf16=hooks.engine_bf16, servers=hooks.server_problems,
+    config=EvalStage, run=run, check=check, budgets=hooks.sampling_budgets, machine_problems=hooks.engine_problems, bf16=hooks.engine_bf16,
+    servers=hooks.server_problems,
 )

@@ -75,8 +75,8 @@ from r1kit import data as data_lib
 from r1kit import reward_registry, templates
 from r1kit.config import PromptStageConfig
 from r1kit.errors import RecipeError
-from r1kit.hardware import World
 from r1kit.execution import tools as tools_lib
+from r1kit.hardware import World
 from r1kit.stages import hooks
 from r1kit.stages.base import StageContext, StageKind, StageResult, check_prompting
 from r1kit.trainers import async_trl, lora

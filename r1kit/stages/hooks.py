@@ -5,7 +5,7 @@ bfloat16. The recipe loader, the pipeline's machine check and r1kit.hardware.pre
 through the stage kind; none of them branches on a kind or looks for a field by name.
 
 - sampling stages (rejection, eval: r1kit.sampling.base.EngineConfig and ``max_tokens``):
-  `sampling_budgets`, `engine_problems`, `engine_bf16`;
+  `sampling_budgets`, `engine_problems`, `engine_bf16`, `server_problems`;
 - training stages (a ``trainer:`` block passed to TRL): `trainer_budgets` (grpo's),
   `trainer_problems`, `trainer_bf16`;
 - stages with a ``data:`` section: `data_sections`.
@@ -87,12 +87,13 @@ def engine_problems(stage, gpu: bool) -> list[str]:
 
 
 def server_problems(stage, start=None) -> list[str]:
-    """A served model (``backend: endpoint``) that does not answer, refuses the key or does not
-    serve the named model: every URL is asked which models it serves (r1kit.pipeline.preflight).
-    The served name is the endpoint's or the stage's ``model``, not the starting model `start`."""
+    """A sampling stage's served model (``backend: endpoint``) that does not answer, refuses the
+    key or does not serve the named model: every URL is asked which models it serves
+    (r1kit.pipeline.preflight). The served name is the endpoint's or the stage's ``model``, not
+    the starting model `start`."""
     from r1kit.sampling.endpoint import EndpointError, probe
 
-    if getattr(stage, "backend", None) != "endpoint" or stage.endpoint.machine_problem():
+    if stage.backend != "endpoint" or stage.endpoint.machine_problem():
         return []
     try:
         probe(stage.endpoint, stage.endpoint.name or stage.model)
