@@ -49,6 +49,7 @@ from r1kit.errors import RecipeError, from_hub
 from r1kit.files import write_atomic
 from r1kit.hardware import World, precision
 from r1kit.models import ModelRef, resolve
+from r1kit.recipe import starting_models
 
 log = logging.getLogger("r1kit")
 
@@ -182,11 +183,11 @@ def machine_problems(recipe: Recipe) -> list[str]:
 def preflight(recipe: Recipe, stages: list[str] | None = None) -> None:
     """Refuse to start a run this machine cannot finish (see `machine_problems`), or whose served
     models (of `stages`, default all) do not answer as the recipe says."""
-    names = [s.name for s in recipe.stages]
+    names, starts = [s.name for s in recipe.stages], starting_models(recipe)
     problems = machine_problems(recipe)
     for s in recipe.stages:
         if stages is None or s.name in stages:
-            start = ModelRef.parse(s.model or recipe.model, names)
+            start = ModelRef.parse(starts[s.name], names) if starts[s.name] else None
             problems += [f"{recipe.source}: {p}" for p in stage_registry.get(s.kind).servers(s, start)]
     if problems:
         raise RecipeError(problems[0] + (f" (and {len(problems) - 1} more, which r1kit validate lists)" if len(problems) > 1 else ""))

@@ -200,17 +200,15 @@ def _check_sources(recipe: Recipe, names: set[str], stage_registry) -> None:
     from r1kit.errors import DataError
 
     ModelRef.parse(recipe.model, names).check(recipe, "model")
-    current: str | None = recipe.model  # the model a stage without `model:` starts from, while it is known before the run
+    starts = starting_models(recipe)
     for stage in recipe.stages:
         kind = stage_registry.get(stage.kind)
         for key, ref in kind.models(stage):
             ModelRef.parse(ref, names).check(recipe, f"{stage.name}.{key}")
         if kind.local_check:
-            refs = {**dict(kind.models(stage)), "model": stage.model or current}
+            refs = {**dict(kind.models(stage)), "model": starts[stage.name]}
             folders = {k: r for k, r in refs.items() if r and ModelRef.parse(r, names).form == "folder"}
             kind.local_check(stage, folders)
-        if kind.trainer_config:
-            current = None  # the stage trains: what comes next starts from a model not written yet
         for where, section in kind.data(stage):
             source = section.source
             if source.startswith("task:"):
@@ -228,6 +226,18 @@ def _check_sources(recipe: Recipe, names: set[str], stage_registry) -> None:
                     f"{stage.name}.{where}.source: no stage named {source!r}{suggest(source, sorted(names))}; "
                     "a hub dataset id has the form org/name"
                 )
+
+
+def starting_models(recipe: Recipe) -> dict[str, str | None]:
+    """The model each stage starts from, by stage name, as the recipe names it, where that is known
+    before the run: its ``model:``, else the recipe's until a stage trains (r1kit.pipeline.run
+    hands a training stage's model folder on), None after that."""
+    starts, current = {}, recipe.model
+    for stage in recipe.stages:
+        starts[stage.name] = stage.model or current
+        if stage_registry.get(stage.kind).trainer_config:
+            current = None  # the stage trains: what comes next starts from a model not written yet
+    return starts
 
 
 def _check_limits(stage: StageConfig, sections) -> None:

@@ -253,7 +253,8 @@ def test_a_running_server_must_serve_the_model_under_its_path(tmp_path):
 def test_validate_here_asks_a_running_server_before_anything_loads(write_recipe, monkeypatch):
     """`validate --here` and `run` ask the recipe's running server (r1kit.pipeline.preflight): one
     that does not answer is refused, and so is one serving another name where the stage starts
-    from a hub id; a stage starting from a model built during the run is asked only to answer."""
+    from a hub id; a stage starting from a model built during the run (the tiny one, an earlier
+    stage's) is asked only to answer."""
     sys.path.insert(0, str(Path(__file__).parent))
     from fake_openai import FakeServer
 
@@ -268,6 +269,10 @@ def test_validate_here_asks_a_running_server_before_anything_loads(write_recipe,
         with pytest.raises(RecipeError, match=r"recipe\.yaml: rl\.trainer\.vllm_server_base_url: .* serves Qwen/Qwen2\.5-Math-7B; "
                                               r"TRL's rollout worker asks for 'Qwen/Qwen2\.5-7B'"):
             pipeline.preflight(wrong)
+        # after an SFT stage, TRL's worker asks for the folder that stage writes: not known yet, so only asked to answer
+        sft = {"name": "sft", "kind": "sft", "data": {"source": "task:addition", "task": {"n": 4}}, "trainer": {"max_steps": 1}}
+        pipeline.preflight(load_recipe(write_recipe({"model": "Qwen/Qwen2.5-7B",
+                                                     "stages": [sft, stage(trainer={"vllm_server_base_url": url})]})))
         assert not fake.requests  # asked with GETs only: nothing generated
     closed = load_recipe(write_recipe({"model": "tiny", "stages": [stage(trainer={"vllm_server_base_url": "http://127.0.0.1:9"})]}))
     with pytest.raises(RecipeError, match=r"rl\.trainer\.vllm_server_base_url: http://127\.0\.0\.1:9: no vLLM server answers"):

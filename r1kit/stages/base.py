@@ -35,10 +35,11 @@ class StageKind:
     """The token budgets one sequence of the stage must hold (r1kit.stages.hooks.TokenBudgets)."""
     machine_problems: Callable[[Any, bool], list[str]] = lambda stage, gpu: []
     """What this machine (with a CUDA GPU or not) lacks for the stage, one line each."""
-    servers: Callable[[Any, ModelRef], list[str]] = lambda stage, start: []
+    servers: Callable[[Any, ModelRef | None], list[str]] = lambda stage, start: []
     """The running servers the stage names that do not answer as the recipe says, one line each
     (asked before anything loads, by ``validate --here`` and ``run``); `start` is the model the
-    stage starts from, as the recipe names it."""
+    stage starts from, as the recipe names it (None: written by an earlier stage during the run;
+    r1kit.recipe.starting_models)."""
     bf16: Callable[[Any], dict[str, bool]] = lambda stage: {}
     """The stage's settings that ask for bfloat16 (key: asked), for r1kit.hardware.precision."""
     local_check: Callable[[Any, dict[str, str]], None] | None = None

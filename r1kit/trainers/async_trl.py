@@ -179,12 +179,13 @@ def server(ctx) -> Iterator[str]:
 def server_problems(stage, start) -> list[str]:
     """A running server the stage names (``trainer.vllm_server_base_url``) that does not answer,
     or, where the starting model `start` (r1kit.models.ModelRef) is a hub id or a folder, does not
-    serve it under that name; one earlier stage's model is known only when that stage has run."""
+    serve it under that name. A model r1kit builds or an earlier stage writes (`start` None) is
+    known only during the run, where `server` asks again."""
     given = stage.trainer.get("vllm_server_base_url") if stage.async_engine == "trl" else None
     if not given:
         return []
     try:
-        check_served(given, start.text if start.form in ("hub", "folder") else None)
+        check_served(given, start.text if start and start.form in ("hub", "folder") else None)
     except RecipeError as exc:
         return [f"{stage.name}.{exc}"]
     return []
