@@ -118,14 +118,32 @@ def test_the_machine_check_names_what_is_missing(write_recipe, monkeypatch):
     assert "set async_engine: trl" in grpo.async_problems(st, gpu=True)[0]
 
 
-def test_the_stage_record_reads_what_trl_asynchronous_trainer_logs(write_recipe):
-    rewards = reward_registry.from_recipe([{"name": "format"}], "rewards")
-    records = [{"step": 1, "reward": 0.1, "rewards/format": 0.1, "sample/staleness_mean": 0.5, "sample/staleness_max": 1.0},
-               {"step": 2, "reward": 0.4, "rewards/format": 0.4, "sample/staleness_mean": 1.0, "sample/staleness_max": 1.0,
-                "sample/dropped_stale_total": 3.0}]
+def test_the_stage_record_and_the_report_read_what_trl_asynchronous_trainer_logs(tmp_path):
+    """TRL's records (each reward times its weight, no completions/* keys) are written with the
+    synchronous trainer's figures beside them, so the summary, the trend table and the RL plot
+    read them as they read GRPOTrainer's."""
+    from r1kit import report
+    from r1kit.trainers.training import make_metrics_log
+
+    rewards = reward_registry.from_recipe([{"name": "format", "weight": 0.5}, {"name": "math_accuracy"}], "rewards")
+    path = tmp_path / "rl" / "metrics.jsonl"
+    path.parent.mkdir()
+    log = make_metrics_log(path, None, True, async_trl.grpo_figures(rewards))
+    for step in range(1, 11):  # TRL's keys, as its trainer logs them
+        log.on_log(None, types.SimpleNamespace(global_step=step), None, logs={
+            "reward": 0.05 * step + 0.1 * step, "rewards/format": 0.05 * step, "rewards/math_accuracy": 0.1 * step,
+            "sample/trained_tokens_mean": 10.0 * step, "sample/staleness_mean": 0.5, "sample/staleness_max": 1.0,
+            "sample/dropped_stale_total": 1.0})
+    records = grpo.read_metrics(path)
     summary = grpo.summarize(records, rewards)
-    assert (summary["format_first"], summary["format_last"], summary["reward_last"]) == (0.1, 0.4, 0.4)
-    assert (summary["staleness_mean"], summary["staleness_max"], summary["dropped_samples"]) == (0.75, 1.0, 3.0)
+    assert (summary["format_first"], summary["format_last"]) == pytest.approx((0.1, 1.0))  # unweighted: 0.05 / 0.5
+    assert (summary["math_accuracy_first"], summary["mean_length_last"]) == pytest.approx((0.1, 100.0))
+    assert (summary["staleness_mean"], summary["staleness_max"], summary["dropped_samples"]) == (0.5, 1.0, 10.0)
+    rl = types.SimpleNamespace(name="rl", kind="grpo")
+    assert report._accuracy_key(records[0]) == "rewards/math_accuracy/mean"
+    assert report.rise_together(records) is not None  # accuracy and length both rise
+    assert "| rl | 0.300 → 0.800 | 30.0 → 80.0 |" in report.trend_table(types.SimpleNamespace(stages=[rl]), tmp_path)
+    assert report.plot_rl(path, tmp_path / "rl.png") and (tmp_path / "rl.png").is_file()
 
 
 def test_a_server_split_by_data_parallelism_gets_one_gpu_per_replica():
@@ -361,5 +379,10 @@ def test_the_stage_trains_on_trl_asynchronous_trainer_and_hands_on_the_model(wri
     assert [r["step"] for r in steps] == [1, 2, 3]
     assert abs(steps[0]["ratio"] - 1) < 1e-3  # the trainer's first log-probabilities are the server's: one model, one tokenization
     assert all(r["batch/samples_per_step"] == 4 for r in steps)  # token_budget 0: per_device_train_batch_size a step
+    # the figures the report reads, written from TRL's own keys: each reward unweighted, the mean completion length
+    assert all(r["rewards/format/mean"] == pytest.approx(r["rewards/format"] / 0.5) and r["completions/mean_length"] > 0 for r in steps)
+    from r1kit import report
+
+    assert report.plot_rl(ctx.dir / "metrics.jsonl", tmp_path / "rl.png")
     assert result.metrics["test_async_trl_length_share_first"] > 0 and "staleness_mean" in result.metrics
     assert result.metrics["trainer_paths"] == {"async_engine": "trl: TRL's AsyncGRPOTrainer"}

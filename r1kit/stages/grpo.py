@@ -235,8 +235,9 @@ def run_trl(ctx: StageContext, rows, rewards, tokenizer) -> StageResult:
     checkpoint = last_checkpoint(ctx)
     metrics_path = ctx.dir / "metrics.jsonl"
     with async_trl.server(ctx) as url:
-        trainer = async_trl.build(ctx, rows, rewards, tokenizer, url,
-                                  [make_metrics_log(metrics_path, checkpoint_step(checkpoint) if checkpoint else None, ctx.is_main)])
+        metrics_log = make_metrics_log(metrics_path, checkpoint_step(checkpoint) if checkpoint else None, ctx.is_main,
+                                       async_trl.grpo_figures(rewards))
+        trainer = async_trl.build(ctx, rows, rewards, tokenizer, url, [metrics_log])
         out = train_and_save(trainer, ctx)
     metrics = lora.parameters(trainer.model) | summarize(read_metrics(metrics_path), rewards)
     return StageResult(model=out, metrics=metrics | {"trainer_paths": {"async_engine": "trl: TRL's AsyncGRPOTrainer"}})
@@ -289,8 +290,7 @@ def summarize(records: list[dict], rewards) -> dict[str, float]:
     """First and last logged value of the figures a reasoning-RL user watches."""
     out: dict[str, float] = {}
     names = [reward_registry.for_trl(r).__name__ for r in rewards]
-    # TRL's GRPOTrainer logs rewards/<name>/mean, its asynchronous trainer rewards/<name>
-    keys = ["reward"] + [f"rewards/{n}/mean" for n in names] + [f"rewards/{n}" for n in names]
+    keys = ["reward"] + [f"rewards/{n}/mean" for n in names]
     keys += ["completions/mean_length", "completions/clipped_ratio"]
     for key in keys:
         values = [r[key] for r in records if key in r]

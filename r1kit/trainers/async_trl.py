@@ -205,6 +205,22 @@ def check_served(url: str, model: str | None) -> None:
                           f"for {model!r}: start it with --served-model-name {model}")
 
 
+def grpo_figures(rewards):
+    """For a log record of TRL's asynchronous trainer, the figures r1kit's report and stage
+    summary read, under the names TRL's GRPOTrainer gives them: each reward's mean unweighted
+    (logged times its weight, folded in by `build`) and the mean completion length (the tokens the
+    loss is taken over). TRL logs no longest completion."""
+    weights = {reward_registry.for_trl(r).__name__: r.weight for r in rewards}
+
+    def added(record: dict) -> dict:
+        figures = {f"rewards/{n}/mean": record[f"rewards/{n}"] / w for n, w in weights.items() if w and f"rewards/{n}" in record}
+        if "sample/trained_tokens_mean" in record:
+            figures["completions/mean_length"] = record["sample/trained_tokens_mean"]
+        return figures
+
+    return added
+
+
 def build(ctx, rows, rewards, tokenizer, url: str, callbacks: list):
     """TRL's asynchronous trainer for the stage (not yet trained)."""
     from transformers import TrainerCallback

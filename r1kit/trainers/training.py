@@ -84,8 +84,9 @@ def checkpoint_step(checkpoint: str) -> int:
     return int(Path(checkpoint).name.split("-")[-1])
 
 
-def make_metrics_log(path: Path, resume_step: int | None, is_main: bool):
-    """A TrainerCallback appending each log record, with its step, to `path` (jsonl).
+def make_metrics_log(path: Path, resume_step: int | None, is_main: bool, added=lambda record: {}):
+    """A TrainerCallback appending each log record, with its step, to `path` (jsonl); `added`
+    returns figures to write beside a record's own (r1kit.trainers.async_trl.grpo_figures).
 
     On resume, records past the checkpoint's step are dropped first: they will be logged again
     (and a last line that a kill cut short).
@@ -101,8 +102,9 @@ def make_metrics_log(path: Path, resume_step: int | None, is_main: bool):
     class MetricsLog(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
             if is_main and logs:
+                record = {"step": state.global_step, **logs}
                 with open(path, "a") as f:
-                    f.write(json.dumps({"step": state.global_step, **logs}) + "\n")
+                    f.write(json.dumps(record | added(record)) + "\n")
 
     return MetricsLog()
 
