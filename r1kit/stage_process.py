@@ -176,7 +176,7 @@ def _child(kind_name: str, ctx: StageContext, index: int, send, parent: int, lev
     from r1kit.hardware import cpu
     from r1kit.reward_registry import add_plugin_folders
 
-    _die_with(parent)
+    die_with(parent)
     setup_logging(level)
     cpu.keep_freed_memory()
     add_plugin_folders(ctx.recipe.source)
@@ -191,7 +191,7 @@ def _child(kind_name: str, ctx: StageContext, index: int, send, parent: int, lev
     send.send(("result", result))
 
 
-def _die_with(parent: int) -> None:
+def die_with(parent: int) -> None:
     """End this process when `parent` ends, however it ends (SIGKILL included)."""
     if sys.platform.startswith("linux"):
         import ctypes

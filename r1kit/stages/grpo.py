@@ -84,11 +84,6 @@ from r1kit.trainers.training import checkpoint_step, last_checkpoint, make_metri
 
 log = logging.getLogger(__name__)
 
-# What the asynchronous generator cannot do, each with why (grpo stage field -> reason).
-NOT_ASYNC = {
-    "dynamic_sampling": "a refill draws again inside the step",
-}
-
 # The DeepSeek-R1 paper's GRPO (arXiv:2501.12948, section 2.2): KL coefficient 0.001, and the
 # sequence-level GRPO loss. TRL defaults to beta 0 and the DAPO token-level loss.
 PAPER_DEFAULTS = {"loss_type": "grpo", "beta": 0.001, "logging_steps": 1}
@@ -136,11 +131,10 @@ def check_async(stage: GRPOStage) -> None:
     if stage.max_staleness is None:
         return
     where = f"{stage.name}.max_staleness"
-    if isinstance(stage.max_staleness, bool) or not isinstance(stage.max_staleness, int) or stage.max_staleness < 0:
+    if stage.max_staleness < 0:  # an int: the typed config says so
         raise RecipeError(f"{where}: {stage.max_staleness!r}: an optimizer step count, 0 or more (0: in step)")
-    for name, why in NOT_ASYNC.items():
-        if getattr(stage, name) not in (None, False, []):  # peft: {} asks for LoRA
-            raise RecipeError(f"{where}: not with {name} ({why}); leave one of them out")
+    if stage.dynamic_sampling:
+        raise RecipeError(f"{where}: not with dynamic_sampling (a refill draws again inside the step); leave one of them out")
     trainer = stage.trainer
     if trainer.get("num_iterations", 1) != 1:
         raise RecipeError(f"{where}: not with trainer.num_iterations {trainer['num_iterations']} (one pass over each batch); "
@@ -310,7 +304,7 @@ def summarize_async(records: list[dict]) -> dict[str, float]:
 
     staleness = values("async/staleness")
     if not staleness:
-        return summarize_trl_async(values)
+        return async_trl.summarize(values)
     out = {"staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness),
            "dropped_share": sum(values("async/dropped_share")) / len(staleness)}
     for key, name, pick in [("async/ratio_min", "ratio_min", min), ("sampling/importance_sampling_ratio/min", "ratio_min", min),
@@ -323,20 +317,12 @@ def summarize_async(records: list[dict]) -> dict[str, float]:
     return out
 
 
-def summarize_trl_async(values) -> dict[str, float]:
-    """TRL's asynchronous trainer's own figures (async_engine: trl): staleness (mean, max) and the
-    samples it dropped as too old; `values(key)` gives a figure's logged values."""
-    mean = values("sample/staleness_mean")
-    if not mean:
-        return {}
-    return {"staleness_mean": sum(mean) / len(mean), "staleness_max": max(values("sample/staleness_max") or mean),
-            "dropped_samples": sum(values("sample/dropped_stale_total"))}
-
-
 def trainer_defaults(stage: GRPOStage) -> dict:
     """The paper's GRPO settings and the recipe's reward weights (as the registry reads them);
-    with tools, no vLLM importance-sampling correction (a rollout's turns carry no sampling
-    log-probabilities for it)."""
+    no vLLM importance-sampling correction with tools (a rollout's turns carry no sampling
+    log-probabilities for it) or asynchronous rollouts (unless the recipe asks: PPO's ratio to the
+    sampling policy is the default); with async_engine trl, TRL's asynchronous trainer's
+    (r1kit.trainers.async_trl.trainer_defaults)."""
     if stage.async_engine == "trl":
         return async_trl.trainer_defaults(stage)
     rewards = reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards")

@@ -31,7 +31,7 @@ optimizer steps ahead of the trainer, with the trainer's new weights after every
   the adapter's delta added (`plain_weights`), the trainer's model left as it is.
 
 Not here: the loss (TRL's), the rewards (TRL computes them in the trainer's process while the
-generator draws the next batches), GPUs (TRL's own asynchronous trainer, r1kit.stages.grpo).
+generator draws the next batches), GPUs (TRL's own asynchronous trainer, r1kit.trainers.async_trl).
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class Generator:
         self.lock = mp.Lock()
         self.requests, self.results = mp.Queue(), mp.Queue()
         settings = {"temperature": temperature, "top_p": top_p, "eos_ids": sorted(eos_ids), "pad_id": pad_id, "bf16": bf16,
-                    "threads": threads, "seed": seed, "tools": tools, "tokenizer": tokenizer}
+                    "threads": threads, "seed": seed, "tools": tools, "tokenizer": tokenizer, "parent": os.getpid()}
         config = model.get_base_model().config if hasattr(model, "get_base_model") else model.config
         self.process = mp.Process(target=serve, args=(config, self.buffers, self.version, self.lock, self.requests,
                                                       self.results, settings), daemon=True, name="r1kit-generator")
@@ -167,10 +167,9 @@ def plain_weights(model) -> dict[str, torch.Tensor]:
 
 def serve(config, buffers, version, lock, requests, results, settings) -> None:
     """The generator process: draws each requested batch once its weights are new enough."""
-    import ctypes
-    import signal
+    from r1kit.stage_process import die_with
 
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: ends with the trainer
+    die_with(settings["parent"])  # ends with the trainer, however it ends
     torch.set_num_threads(settings["threads"])
     try:
         from transformers import AutoModelForCausalLM
@@ -238,12 +237,12 @@ def tool_rollouts(model, prompts, counts, max_tokens, tools, tokenizer, nucleus,
         ids = torch.tensor([p + t.ids + [pad_id] * (width - len(p) - len(t.ids)) for p, t in chunk])
         mask = torch.tensor([[1] * (len(p) + len(t.ids)) + [0] * (width - len(p) - len(t.ids)) for p, t in chunk])
         with torch.no_grad():
-            scores = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float() / nucleus.temperature, dim=-1)
+            logits = model(input_ids=ids, attention_mask=mask).logits
         for row, (p, t) in enumerate(chunk):
             if not t.ids:
                 logps.append([])
                 continue
-            picked = scores[row, len(p) - 1:len(p) + len(t.ids) - 1].gather(-1, torch.tensor(t.ids)[:, None]).squeeze(-1)
+            picked = nucleus.log_prob(logits[row, len(p) - 1:len(p) + len(t.ids) - 1], torch.tensor(t.ids))
             logps.append([v if m else 0.0 for v, m in zip(picked.tolist(), t.mask)])
     return [t.ids for t in transcripts], [t.mask for t in transcripts], logps, tool_loop.metrics(transcripts)
 

@@ -103,8 +103,7 @@ def check(stage) -> None:
     if bool(given) == bool(gpus):
         raise RecipeError(f"{where}: trl needs a vLLM server: server_gpus (r1kit starts one there) or "
                           "trainer.vllm_server_base_url (a running one), one of them")
-    if gpus and (not isinstance(gpus, list) or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus)
-                 or len(set(gpus)) != len(gpus)):
+    if gpus and (min(gpus) < 0 or len(set(gpus)) != len(gpus)):  # a list of ints: the typed config says so
         raise RecipeError(f"{stage.name}.server_gpus: {gpus!r}: a list of distinct GPU indices (0 or more)")
     if stage.server_options and given:
         raise RecipeError(f"{stage.name}.server_options: r1kit starts no server when trainer.vllm_server_base_url is set")
@@ -219,6 +218,17 @@ def grpo_figures(rewards):
         return figures
 
     return added
+
+
+def summarize(values) -> dict[str, float]:
+    """TRL's asynchronous trainer's own figures for the stage record: staleness (mean, max) and the
+    samples it dropped as too old (TRL logs the count per window); `values(key)` gives a figure's
+    logged values."""
+    mean = values("sample/staleness_mean")
+    if not mean:
+        return {}
+    return {"staleness_mean": sum(mean) / len(mean), "staleness_max": max(values("sample/staleness_max") or mean),
+            "dropped_samples": sum(values("sample/dropped_stale_total"))}
 
 
 def build(ctx, rows, rewards, tokenizer, url: str, callbacks: list):

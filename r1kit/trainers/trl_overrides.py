@@ -216,7 +216,7 @@ class GRPOTrainer(trl.GRPOTrainer):
                 trainer.generator.publish(model, state.global_step)
 
             def on_train_end(self, args, state, control, **kwargs):
-                trainer.generator.close()
+                trainer.generator.close()  # its cores back before the model is saved (the stage closes it on errors)
 
         self.add_callback(Publish())
         self._published = False
@@ -297,7 +297,7 @@ class GRPOTrainer(trl.GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         batch = super()._generate_and_score_completions(inputs)
         if self.generator is not None and self.model.training:
-            if self.use_vllm:  # TRL's importance-sampling correction: its figures are TRL's, but the share
+            if self.use_vllm:  # TRL's importance-sampling correction: TRL logs the ratio, r1kit the share it bounds
                 self._metrics["train"]["async/corrected_share"].append(async_generation.outside_share(
                     batch, self.vllm_importance_sampling_mode, self.vllm_importance_sampling_clip_min,
                     self.vllm_importance_sampling_clip_max))
