@@ -283,9 +283,9 @@ def plot_rl(metrics_file: Path, out: Path) -> bool:
         axes[1].plot(steps, [r.get(key) for r in records], label=key.split("/")[1])
     axes[1].set_title("reward by verifier (mean)")
     axes[1].legend(fontsize=8)
-    axes[2].plot(steps, [r.get("completions/mean_length") for r in records], label="mean")
-    if "completions/max_length" in records[0]:  # TRL's asynchronous trainer logs no longest completion
-        axes[2].plot(steps, [r["completions/max_length"] for r in records], label="max", alpha=0.6)
+    for key, label, alpha in [("completions/mean_length", "mean", 1.0), ("completions/max_length", "max", 0.6)]:
+        if any(key in r for r in records):  # TRL's asynchronous trainer logs them in windows where rollouts ended
+            axes[2].plot(steps, [r.get(key, float("nan")) for r in records], label=label, alpha=alpha)
     axes[2].set_title("completion length (tokens)")
     axes[2].legend(fontsize=8)
     rise = rise_together(records)

@@ -36,9 +36,6 @@ import datetime
 import logging
 import multiprocessing
 import os
-import sys
-import threading
-import time
 
 from r1kit import hardware
 from r1kit.errors import RecipeError, RewardError
@@ -176,7 +173,7 @@ def _child(kind_name: str, ctx: StageContext, index: int, send, parent: int, lev
     from r1kit.hardware import cpu
     from r1kit.reward_registry import add_plugin_folders
 
-    die_with(parent)
+    hardware.die_with(parent)
     setup_logging(level)
     cpu.keep_freed_memory()
     add_plugin_folders(ctx.recipe.source)
@@ -189,23 +186,3 @@ def _child(kind_name: str, ctx: StageContext, index: int, send, parent: int, lev
         send.send(("user_error", exc))
         return
     send.send(("result", result))
-
-
-def die_with(parent: int) -> None:
-    """End this process when `parent` ends, however it ends (SIGKILL included)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the parent ended before the call took effect
-            os._exit(1)
-        return
-
-    def watch():
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True).start()

@@ -119,8 +119,8 @@ def test_the_machine_check_names_what_is_missing(write_recipe, monkeypatch):
 
 
 def test_the_stage_record_and_the_report_read_what_trl_asynchronous_trainer_logs(tmp_path):
-    """TRL's records (each reward times its weight, no completions/* keys) are written with the
-    synchronous trainer's figures beside them, so the summary, the trend table and the RL plot
+    """TRL's records (each reward times its weight, completions/* only in some windows) are written
+    with the synchronous trainer's figures beside them, so the summary, the trend table and the RL plot
     read them as they read GRPOTrainer's."""
     from r1kit import report
     from r1kit.trainers.training import make_metrics_log
@@ -129,11 +129,12 @@ def test_the_stage_record_and_the_report_read_what_trl_asynchronous_trainer_logs
     path = tmp_path / "rl" / "metrics.jsonl"
     path.parent.mkdir()
     log = make_metrics_log(path, None, True, async_trl.grpo_figures(rewards))
-    for step in range(1, 11):  # TRL's keys, as its trainer logs them
+    for step in range(1, 11):  # TRL's keys, as its trainer logs them: completions/* only in windows where rollouts ended
+        ended = {"completions/mean_length": 10.0 * step, "completions/max_length": 12.0 * step} if step % 2 else {}
         log.on_log(None, types.SimpleNamespace(global_step=step), None, logs={
             "reward": 0.05 * step + 0.1 * step, "rewards/format": 0.05 * step, "rewards/math_accuracy": 0.1 * step,
             "sample/trained_tokens_mean": 10.0 * step, "sample/staleness_mean": 0.5, "sample/staleness_max": 1.0,
-            "sample/dropped_stale_total": 1.0})
+            "sample/dropped_stale_total": 1.0, **ended})
     records = grpo.read_metrics(path)
     summary = grpo.summarize(records, rewards)
     assert (summary["format_first"], summary["format_last"]) == pytest.approx((0.1, 1.0))  # unweighted: 0.05 / 0.5

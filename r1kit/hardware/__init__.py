@@ -6,6 +6,8 @@ there (r1kit.hardware.precision).
 - `World`: this process's rank among the run's processes and its node's, read from the
   launcher's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, as
   accelerate and torchrun set them) once, at a command's entry, and handed to what needs it.
+- `die_with(parent)`: a child process (a stage's, the asynchronous generator) ends with the
+  process that started it, however that one ends.
 
 Not here: anything that changes results beyond rounding, anything on a GPU (TRL's and torch's own
 paths run there), process groups (r1kit.stage_process). Imports nothing of r1kit; trainers,
@@ -15,6 +17,9 @@ sampling, code execution, the stages and the pipeline import it.
 from __future__ import annotations
 
 import os
+import sys
+import threading
+import time
 from dataclasses import dataclass
 
 
@@ -52,3 +57,23 @@ class World:
     def is_main(self) -> bool:
         """The process that writes the run's markers, reports and merged outputs."""
         return self.rank == 0
+
+
+def die_with(parent: int) -> None:
+    """End this process when `parent` ends, however it ends (SIGKILL included)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent ended before the call took effect
+            os._exit(1)
+        return
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()

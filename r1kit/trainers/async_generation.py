@@ -167,7 +167,7 @@ def plain_weights(model) -> dict[str, torch.Tensor]:
 
 def serve(config, buffers, version, lock, requests, results, settings) -> None:
     """The generator process: draws each requested batch once its weights are new enough."""
-    from r1kit.stage_process import die_with
+    from r1kit.hardware import die_with
 
     die_with(settings["parent"])  # ends with the trainer, however it ends
     torch.set_num_threads(settings["threads"])

@@ -207,13 +207,14 @@ def check_served(url: str, model: str | None) -> None:
 def grpo_figures(rewards):
     """For a log record of TRL's asynchronous trainer, the figures r1kit's report and stage
     summary read, under the names TRL's GRPOTrainer gives them: each reward's mean unweighted
-    (logged times its weight, folded in by `build`) and the mean completion length (the tokens the
-    loss is taken over). TRL logs no longest completion."""
+    (logged times its weight, folded in by `build`) and, in a window where no rollout ended (TRL
+    then logs no ``completions/*``), the mean completion length of the samples trained on (the
+    tokens the loss is taken over)."""
     weights = {reward_registry.for_trl(r).__name__: r.weight for r in rewards}
 
     def added(record: dict) -> dict:
         figures = {f"rewards/{n}/mean": record[f"rewards/{n}"] / w for n, w in weights.items() if w and f"rewards/{n}" in record}
-        if "sample/trained_tokens_mean" in record:
+        if "completions/mean_length" not in record and "sample/trained_tokens_mean" in record:
             figures["completions/mean_length"] = record["sample/trained_tokens_mean"]
         return figures
 
