@@ -20,10 +20,16 @@ $(VENV)/.vllm: $(VENV)/.installed
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 
+# The oldest transformers pyproject.toml allows, as a wheel beside the venv (not installed):
+# tests/test_trl_overrides.py reads the functions r1kit patches out of it.
+$(VENV)/.floor: $(VENV)/.installed
+	$(PY) -m pip download -q --no-deps -d $(VENV)/floor transformers==5.17.0
+	touch $@
+
 .PHONY: install test demo tools-demo distill-demo r1-zero-demo docs constraints
 install: $(VENV)/.installed
 
-test: $(VENV)/.installed $(VENV)/.vllm
+test: $(VENV)/.installed $(VENV)/.vllm $(VENV)/.floor
 	R1KIT_TESTED_SET=1 $(PY) -m pytest
 
 demo: $(VENV)/.installed

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check on a bare CUDA machine: install a folder of wheels beside the machine's own torch,
-# then run bench/gpu_smoke.py (figures to $OUT/gpu_smoke.json when OUT is set).
+# then run the gpu-marked tests (tests/test_gpu.py: what no CPU test can show; results to
+# $OUT/gpu_tests.xml) and bench/gpu_smoke.py (every stage kind; figures to $OUT/gpu_smoke.json).
+# Both run; the exit status is 1 when either fails (docs/performance.md, "The GPU check").
 #
 #   bash bench/gpu_smoke.sh [WHEELS_DIR] [gpu_smoke.py options]
 #
@@ -8,7 +10,7 @@
 #   pip wheel --no-deps -w wheels .
 #   pip download --no-deps -d wheels trl==1.16.0 datasets==5.2.0 math-verify==0.9.0 peft==0.21.2 \
 #       latex2sympy2_extended antlr4-python3-runtime==4.13.2 dill multiprocess xxhash \
-#       pandas pyarrow python-dateutil tzdata
+#       pandas pyarrow python-dateutil tzdata pytest iniconfig pluggy pygments
 # (add --python-version X.Y --only-binary=:all: when the GPU machine's Python is another version).
 # The wheels go into the machine's own environment with --no-index --no-deps (the machine is
 # fresh at every start), so its torch, transformers and accelerate stay as they are. Not into a
@@ -25,4 +27,7 @@ fi
 export OUT="${OUT:-$PWD}"
 cd "$(mktemp -d)"
 python -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
-exec python "$here/bench/gpu_smoke.py" "$@"
+status=0
+python -m pytest -q -p no:cacheprovider -m gpu --junitxml "$OUT/gpu_tests.xml" "$here/tests/test_gpu.py" || status=1
+python "$here/bench/gpu_smoke.py" "$@" || status=1
+exit $status

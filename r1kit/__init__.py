@@ -67,3 +67,4 @@ def setup_logging(level: int = logging.INFO) -> None:
     """r1kit's log lines (``HH:MM:SS r1kit message``), for the CLI and the stage processes it starts."""
     logging.basicConfig(level=level, format="%(asctime)s r1kit %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request to a served model otherwise
+    logging.getLogger("vllm.triton_utils").setLevel(logging.ERROR)  # importing vLLM on a CPU: three lines on Triton's absence

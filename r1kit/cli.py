@@ -215,7 +215,9 @@ def _served(args) -> None:
         raise EvalError("--served-model, --api-key-env and --chat go with --endpoint URL")
     args.endpoint_config = Endpoint(url=args.endpoint, name=args.served_model or "", api_key_env=args.api_key_env,
                                     concurrency=args.concurrency, chat=args.chat)
-    problem = args.endpoint_config.problem(args.backend) or args.endpoint_config.machine_problem()
+    from r1kit.sampling import backends
+
+    problem = backends.settings_problem(args.backend, args.endpoint_config, tools=bool(args.tools)) or args.endpoint_config.machine_problem()
     if problem:
         raise EvalError("--" + problem.replace("endpoint.url", "endpoint").replace("endpoint.api_key_env", "api-key-env").replace("endpoint.", ""))
 
@@ -304,10 +306,18 @@ def _cmd_run(args) -> None:
         pipeline.plan(recipe, args.restart_from)  # refuse before launching processes
         _relaunch_under_accelerate(args)
     cpu.keep_freed_memory()
-    records = pipeline.run(recipe, restart_from=args.restart_from, world=world)
+    cpu.share_cores(world)  # launched processes of one node divide its cores, as one process alone uses them all
+    from r1kit import report
+
+    try:
+        records = pipeline.run(recipe, restart_from=args.restart_from, world=world)
+    except Exception:  # a failed stage: the report holds what finished (its tables, not only the DONE.json files)
+        finished = pipeline.plan(recipe, args.restart_from).done if world.is_main else {}
+        if finished:
+            print(f"report of the finished stages: {report.write_report(recipe, finished)}", file=sys.stderr)
+        raise
     if not world.is_main:
         return
-    from r1kit import report
 
     for name, record in records.items():
         figures = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record["metrics"].items())
@@ -320,16 +330,17 @@ def _cmd_run(args) -> None:
 
 def _cmd_validate(args) -> None:
     from r1kit import pipeline
-    from r1kit.hardware import World
+    from r1kit.hardware import Machine, World
     from r1kit.recipe import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides, World.from_env())
     if args.accelerate_config:
         _check_accelerate_config(args.accelerate_config)
     the_plan = pipeline.plan(recipe)
-    lacking = pipeline.machine_problems(recipe)
+    machine = Machine.here(args.accelerate_config)
+    lacking = pipeline.machine_problems(recipe, machine)
     if args.here:
-        pipeline.preflight(recipe)  # also asks each served model's servers
+        pipeline.preflight(recipe, machine=machine)  # also asks each served model's servers
     for stage in recipe.stages:
         state = "finished" if stage.name in the_plan.done else "to run"
         print(f"  {stage.name:<16} {stage.kind:<10} {state}")
@@ -427,6 +438,9 @@ def main(argv: list[str] | None = None) -> int:
     except (RecipeError, RewardError) as exc:
         print(f"r1kit: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: journals and checkpoints keep what finished
+        print("r1kit: interrupted; run the same command again to resume from what finished", file=sys.stderr)
+        return 130
     except Exception as exc:
         from r1kit.errors import unreachable
 

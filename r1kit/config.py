@@ -35,7 +35,7 @@ import re
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
@@ -134,6 +134,9 @@ class DataConfig:
 @dataclass(kw_only=True)
 class StageConfig:
     """Fields every stage has. Stage kinds subclass this with their own sections."""
+
+    REFUSED: ClassVar[dict[str, str]] = {}
+    """Fields a stage kind does not take though a neighbouring kind does, each with why (`from_dict`)."""
 
     name: str
     """Unique stage name: its folder under output_dir and its prefix in overrides."""
@@ -263,7 +266,10 @@ def from_dict(cls: type, data: Any, where: str) -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init and not f.metadata.get("internal")}
     kwargs = {}
+    refused = getattr(cls, "REFUSED", {})  # a stage kind's: fields of its neighbours it does not take, and why
     for key, value in data.items():
+        if key in refused:
+            raise RecipeError(f"{where}.{key}: not in a {data.get('kind', cls.__name__)} stage: {refused[key]}")
         if key not in fields:
             raise RecipeError(
                 f"{where}: unknown key {key!r}{suggest(str(key), list(fields))}; "

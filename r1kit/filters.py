@@ -47,6 +47,17 @@ REASONS = (
     "exact_duplicate",
     "near_duplicate",
 )
+LOOSEN = {
+    "truncated": "filters.truncated: false, or a larger max_tokens",
+    "overlong": "filters.max_tokens or filters.max_chars",
+    "long_paragraph": "filters.max_paragraph_chars",
+    "mixed_language": "filters.min_language_share, or filters.mixed_language: false",
+    "code_in_cot": "filters.code_in_cot: false",
+    "repetition": "filters.max_repetition, or filters.repetition: false",
+    "exact_duplicate": "filters.exact_duplicates: false",
+    "near_duplicate": "filters.near_duplicate_threshold, or filters.near_duplicates: false",
+}
+"""For each reason in REASONS, the `FilterConfig` keys that let more samples through."""
 SHINGLE = 5
 _PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
 

@@ -146,23 +146,25 @@ def plan(recipe: Recipe, restart_from: str | None = None) -> Plan:
         elif record["fingerprint"] != digest or record["after"] != names[: names.index(first)]:
             changed = ", ".join(_changed_keys(record["config"], config)) or "the stages before it"
             raise RecipeError(
-                f"{recipe.source}: stage {first!r} was interrupted in {out} with a different config (changed: {changed}); "
+                f"{recipe.source}: stage {first!r} did not finish (interrupted or failed) in {out} with a different config (changed: {changed}); "
                 f"its partial work would resume under the new one: re-run with --restart-from {first} to start it afresh"
             )
     return Plan(todo=todo, done=done, resume=resume)
 
 
-def machine_problems(recipe: Recipe) -> list[str]:
+def machine_problems(recipe: Recipe, machine: hardware.Machine | None = None) -> list[str]:
     """What this machine lacks to run `recipe`, one line each (``FILE: key.path: what to change``):
     a ``package:`` model's package or file, vLLM for ``backend: vllm``, a CUDA GPU (and vLLM)
     for a GRPO stage's ``use_vllm``, a CUDA GPU (and bitsandbytes) for ``quantization:``, and a
     GPU or a CPU that computes bfloat16 for a bfloat16 the recipe asks for (r1kit.hardware.precision).
     `r1kit validate` prints these as notes (a recipe may be written for another machine;
-    ``--here`` refuses them), `run` refuses them before the first stage. Everything about the
-    recipe itself is checked when it is read (r1kit.recipe)."""
+    ``--here`` refuses them), `run` refuses them before the first stage. `machine`: this
+    machine and the run's processes (default: as this process finds them; ``validate
+    --accelerate-config`` passes the launch's). Everything about the recipe itself is checked when
+    it is read (r1kit.recipe)."""
     from r1kit import stages
 
-    has_gpu = hardware.has_gpu()
+    machine = machine or hardware.Machine.here()
     problems = []
     models = [("model", recipe.model), *((f"{s.name}.model", s.model) for s in recipe.stages if s.model)]
     for where, model in models:
@@ -174,17 +176,17 @@ def machine_problems(recipe: Recipe) -> list[str]:
                 problems.append(f"{where}: {exc}")
     kinds = {stage.name: stages.get(stage.kind) for stage in recipe.stages}
     for stage in recipe.stages:
-        problems += kinds[stage.name].machine_problems(stage, has_gpu)
+        problems += kinds[stage.name].machine_problems(stage, machine)
     asks = {stage.name: kinds[stage.name].bf16(stage) for stage in recipe.stages}
-    problems += precision.emulated_bf16(asks, has_gpu)
+    problems += precision.emulated_bf16(asks, machine.gpu)
     return [f"{recipe.source}: {p}" for p in problems]
 
 
-def preflight(recipe: Recipe, stages: list[str] | None = None) -> None:
+def preflight(recipe: Recipe, stages: list[str] | None = None, machine: hardware.Machine | None = None) -> None:
     """Refuse to start a run this machine cannot finish (see `machine_problems`), or whose served
     models (of `stages`, default all) do not answer as the recipe says."""
     names, starts = [s.name for s in recipe.stages], starting_models(recipe)
-    problems = machine_problems(recipe)
+    problems = machine_problems(recipe, machine)
     for s in recipe.stages:
         if stages is None or s.name in stages:
             start = ModelRef.parse(starts[s.name], names) if starts[s.name] else None

@@ -193,22 +193,21 @@ def _check_tiny(recipe: Recipe) -> None:
 def _check_sources(recipe: Recipe, names: set[str], stage_registry) -> None:
     """What a recipe names that can be checked without loading weights or asking the network:
     local files and model folders exist, tasks and their arguments fit their generators, a near
-    miss of a stage's name is not taken for a hub id, and what the stage kinds read of the model
-    folders that exist already (`StageKind.local_check`: a distill stage's two tokenizers)."""
+    miss of a stage's name is not taken for a hub id, and what the stage kinds read of the
+    tokenizers known before the run (`StageKind.local_check`: a distill stage's two)."""
     from r1kit.offline import tasks
     from r1kit.data import is_local
     from r1kit.errors import DataError
 
     ModelRef.parse(recipe.model, names).check(recipe, "model")
-    starts = starting_models(recipe)
+    origins = tokenizer_origins(recipe)
     for stage in recipe.stages:
         kind = stage_registry.get(stage.kind)
         for key, ref in kind.models(stage):
             ModelRef.parse(ref, names).check(recipe, f"{stage.name}.{key}")
         if kind.local_check:
-            refs = {**dict(kind.models(stage)), "model": starts[stage.name]}
-            folders = {k: r for k, r in refs.items() if r and ModelRef.parse(r, names).form == "folder"}
-            kind.local_check(stage, folders)
+            refs = {**{k: origins.get(r, r) for k, r in kind.models(stage)}, "model": origins[stage.name]}
+            kind.local_check(stage, {k: known for k, r in refs.items() if (known := _tokenizer(recipe, ModelRef.parse(r, names)))})
         for where, section in kind.data(stage):
             source = section.source
             if source.startswith("task:"):
@@ -226,6 +225,34 @@ def _check_sources(recipe: Recipe, names: set[str], stage_registry) -> None:
                     f"{stage.name}.{where}.source: no stage named {source!r}{suggest(source, sorted(names))}; "
                     "a hub dataset id has the form org/name"
                 )
+
+
+def tokenizer_origins(recipe: Recipe) -> dict[str, str]:
+    """The model whose tokenizer each stage's model has, by stage name, as the recipe names it:
+    training keeps a model's tokenizer, so a stage after training has the tokenizer of the model
+    the chain started from (an earlier stage's name resolved to that stage's origin)."""
+    origins: dict[str, str] = {}
+    current = recipe.model
+    for stage in recipe.stages:
+        start = stage.model or current
+        origins[stage.name] = current = origins.get(start, start)
+    return origins
+
+
+def _tokenizer(recipe: Recipe, ref: ModelRef):
+    """(what names it, a function loading it) for the tokenizer of a model known before the run: a
+    local folder's, or the tiny model's (r1kit.offline.tiny.tiny_tokenizer, built from the recipe's
+    arguments); None for a hub id and the rest."""
+    if ref.form == "folder":
+        from transformers import AutoTokenizer
+
+        return ref.text, lambda: AutoTokenizer.from_pretrained(ref.text)
+    if ref.form == "tiny":
+        from r1kit.offline.tiny import tiny_tokenizer
+
+        args = recipe.tiny_models.get(ref.name, {}) if ref.name else recipe.tiny_model
+        return f"{ref.text} (built)", lambda: tiny_tokenizer(**{"seed": recipe.seed, **args})
+    return None
 
 
 def starting_models(recipe: Recipe) -> dict[str, str | None]:

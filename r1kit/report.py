@@ -45,18 +45,23 @@ def accuracy_rows(records: dict[str, dict]) -> list[dict]:
         for bench in benches:
             figures = {key.split("/", 1)[1]: value for key, value in metrics.items() if key.startswith(bench + "/")}
             rows.append({"eval": name, "model": _source_stage(record["input_model"], records), "benchmark": bench, **figures,
-                         "protocol": _protocol((record.get("config") or {}).get("stage", {}))})
+                         "protocol": _protocol((record.get("config") or {}).get("stage", {}), figures.get("domain"))})
     return rows
 
 
-def _protocol(stage: dict) -> str:
-    """How an eval stage sampled, in one line, from its config (in the evaluator's phrasing)."""
+def _protocol(stage: dict, domain: str | None = None) -> str:
+    """How an eval stage sampled and read a benchmark of `domain`, in one line, from its config
+    (in the evaluator's phrasing)."""
     from r1kit.evaluation.evaluate import sampling_phrase
 
     if not stage:
         return "?"
+    served = stage.get("endpoint") or {}
+    phrase = sampling_phrase({**stage, "served_model": served.get("name") or "the stage's model", "chat": served.get("chat"),
+                              "endpoint": served.get("url")})
     limit = f", the first {stage['limit']} problems only (limit)" if stage.get("limit") is not None else ""
-    return sampling_phrase(stage) + limit
+    shuffled = f", choices shuffled with seed {stage.get('choice_seed', 0)}" if domain in ("choice", "mixed") else ""
+    return phrase + shuffled + limit
 
 
 def _listed(record: dict) -> list[str]:

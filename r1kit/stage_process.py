@@ -12,7 +12,8 @@ forked) and hands back its `StageResult`; the pipeline process itself never touc
   ``0`` overrides.
 - Errors for the user (`RecipeError`, `RewardError`) raised in the child are raised again in the
   pipeline process, so they stay one line; anything else prints its traceback in the child and
-  the pipeline raises `StageProcessError` naming the stage and exit status.
+  the pipeline raises `StageProcessError` naming the stage and exit status. Ctrl-C ends the
+  child quietly (exit status 130): the pipeline's process says it in one line.
 - The child dies with its parent (Linux ``PR_SET_PDEATHSIG``, elsewhere a watchdog thread): a
   killed run leaves no stage running on its own, and re-running resumes as before.
 - The child starts as a command does (`_child`): logging, the allocator setting of a CPU run
@@ -185,4 +186,6 @@ def _child(kind_name: str, ctx: StageContext, index: int, send, parent: int, lev
     except (RecipeError, RewardError) as exc:
         send.send(("user_error", exc))
         return
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: the pipeline's process says so, once
+        raise SystemExit(130) from None
     send.send(("result", result))

@@ -141,24 +141,26 @@ def _has_math(parsed: list) -> bool:
 
 def _worker_main(conn) -> None:
     """Judge jobs ``(reference, [answers])`` until the parent closes the pipe, replying
-    ``("ref", parsed_ok)`` then ``("item", verdict)`` per answer: the parent times each step."""
+    ``("ref", parsed_ok)`` then ``("item", verdict)`` per answer: the parent times each step. A
+    parent that is gone (killed, or ended by SIGTERM mid-job) ends the worker quietly: nobody is
+    left to read a traceback about the broken pipe."""
     from math_verify import verify
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     # The "timeout is disabled" warning is expected: the parent enforces the limit.
     logging.getLogger("math_verify").setLevel(logging.ERROR)
-    conn.send(("ready",))
-    while True:
-        try:
+    try:
+        conn.send(("ready",))
+        while True:
             ref, answers = conn.recv()
-        except EOFError:
-            return
-        gold = _parse(ref)
-        ok = _has_math(gold)
-        conn.send(("ref", ok))
-        if ok:
-            for answer in answers:
-                conn.send(("item", bool(verify(gold, _parse(answer), timeout_seconds=None))))
+            gold = _parse(ref)
+            ok = _has_math(gold)
+            conn.send(("ref", ok))
+            if ok:
+                for answer in answers:
+                    conn.send(("item", bool(verify(gold, _parse(answer), timeout_seconds=None))))
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return
 
 
 # ---------------------------------------------------------------------------------------------

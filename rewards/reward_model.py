@@ -40,6 +40,7 @@ import os
 from typing import Annotated, Literal
 
 from r1kit.errors import RewardError
+from r1kit.hardware import has_gpu
 from r1kit.reward_registry import POSITIVE, REQUIRED
 
 TEXTS = ("summary", "full")
@@ -85,7 +86,7 @@ def load(model: str):
         raise RewardError(f"reward_model: {model} has {rm.config.num_labels} outputs; a reward model has one (num_labels=1)")
     # The score is read at the last token that is not padding: the model must know the pad id.
     rm.config.pad_token_id = tokenizer.pad_token_id
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = "cuda" if has_gpu() else "cpu"
     return tokenizer, rm.to(device).eval()
 
 

@@ -17,7 +17,9 @@ processes), writes each POST as a JSON line to ``--log``, and on SIGTERM ends th
 
 GET /health, GET /v1/models; POST /v1/completions and /v1/chat/completions. Sample j of a prompt
 is `completion(prompt, seed, j, temperature, max_tokens)`: words and token ids from a hash
-(greedy ignores seed and j), finish_reason "length" when it reaches max_tokens. Faults: "429"
+(greedy ignores seed and j), finish_reason "length" when it reaches max_tokens. With
+``max_model_len`` set, /models reports it and, as vLLM does, max_tokens shrinks in silence to
+what the context leaves after the prompt (token ids, or a chat message's words). Faults: "429"
 (Retry-After: `retry_after`), any other status code ("500", "400"), "drop" (close without a
 reply), "slow" (sleep `slow` seconds first), "cut" (a body shorter than its Content-Length),
 "garbage" (200 with a body that is not JSON). ``usage = False``: replies without ``usage``.
@@ -71,6 +73,12 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
+    def handle(self):
+        try:
+            super().handle()
+        except ConnectionResetError:  # the client closed its connection mid-request (a sampler closed on Ctrl-C)
+            self.close_connection = True
+
     def reply(self, status: int, body, headers: dict | None = None) -> None:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         self.send_response(status)
@@ -92,7 +100,8 @@ class Handler(BaseHTTPRequestHandler):
         elif not self.authorized():
             pass
         elif self.path == "/v1/models":
-            self.reply(200, {"object": "list", "data": [{"id": n, "object": "model"} for n in self.server.fake.names]})
+            context = {"max_model_len": self.server.fake.max_model_len} if self.server.fake.max_model_len else {}
+            self.reply(200, {"object": "list", "data": [{"id": n, "object": "model", **context} for n in self.server.fake.names]})
         else:
             self.reply(404, {"error": {"message": f"no route {self.path}"}})
 
@@ -130,13 +139,16 @@ class Handler(BaseHTTPRequestHandler):
             return
         if body.get("model") not in fake.names or self.path not in ("/v1/completions", "/v1/chat/completions"):
             return self.reply(404, {"error": {"message": f"The model `{body.get('model')}` does not exist."}})
-        samples = [completion(prompt, body.get("seed"), j, body.get("temperature", 1.0), body.get("max_tokens", 16))
-                   for j in range(body.get("n", 1))]
+        prompt_tokens = len(prompt) if not chat else sum(len(m["content"].split()) for m in prompt)
+        max_tokens = body.get("max_tokens", 16)
+        if fake.max_model_len:  # as vLLM: a completion that would pass the context is cut short, in silence
+            max_tokens = min(max_tokens, fake.max_model_len - prompt_tokens)
+        samples = [completion(prompt, body.get("seed"), j, body.get("temperature", 1.0), max_tokens) for j in range(body.get("n", 1))]
         choices = [{"index": j, "message": {"role": "assistant", "content": s["text"]}, "finish_reason": s["finish_reason"]} if chat
                    else {"index": j, "text": s["text"], "finish_reason": s["finish_reason"],
                          **({"token_ids": s["token_ids"]} if body.get("return_token_ids") else {})} for j, s in enumerate(samples)]
         used = sum(len(s["token_ids"]) for s in samples)
-        usage = {"usage": {"prompt_tokens": 0, "completion_tokens": used, "total_tokens": used}} if fake.usage else {}
+        usage = {"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": used, "total_tokens": prompt_tokens + used}} if fake.usage else {}
         data = json.dumps({"object": "text_completion", "model": body["model"], "choices": choices[::-1], **usage}).encode()  # any order
         if fault == "cut":
             self.close_connection = True
@@ -157,6 +169,7 @@ class FakeServer:
         self.faults: list[str] = []
         self.requests: list[dict] = []
         self.retry_after, self.slow, self.usage = "0", 2.0, True  # Retry-After of a 429; seconds of "slow"; send usage
+        self.max_model_len: int | None = None  # the context /models reports, which cuts completions short (None: none)
         self.lock, self.gauge = threading.Lock(), gauge or Gauge()
         self.httpd = ThreadingHTTPServer((host, port), Handler)
         self.httpd.daemon_threads, self.httpd.fake = True, self

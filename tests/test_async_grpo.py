@@ -264,6 +264,23 @@ def test_sigkill_mid_stage_resumes_with_no_step_lost_or_repeated(write_recipe, c
     assert done["metrics"]["trainer_paths"]["async_generation"].startswith("on")
 
 
+def test_ctrl_c_mid_stage_is_one_line_and_leaves_no_generator(write_recipe, cold_start, tmp_path, hold, wait_gone):
+    """Issue 66, point 3: Ctrl-C in an asynchronous GRPO stage printed tracebacks (the trainer's and
+    the generator process's) ending in KeyboardInterrupt."""
+    path = recipe(write_recipe, cold_start, tmp_path / "run", max_staleness=1, trainer={"max_steps": 5, "save_steps": 2})
+    with open(tmp_path / "run.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "r1kit.cli", "run", str(path)], stdout=log, stderr=log, start_new_session=True,
+                                env=hold.env(step=2, output_dir=tmp_path / "run" / "rl" / "checkpoints"))
+        pids = hold.wait(proc)
+        children = [int(c) for c in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+        os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C: the whole foreground group
+        assert proc.wait(120) == 130
+    wait_gone(pids + children)
+    said = (tmp_path / "run.log").read_text()
+    assert said.rstrip().endswith("r1kit: interrupted; run the same command again to resume from what finished")
+    assert "Traceback" not in said and "KeyboardInterrupt" not in said, said
+
+
 @pytest.mark.parametrize("stage, expected", [
     ({"max_staleness": -1}, "rl.max_staleness: -1: an optimizer step count, 0 or more"),
     ({"max_staleness": "two"}, "rl.max_staleness"),
@@ -271,6 +288,11 @@ def test_sigkill_mid_stage_resumes_with_no_step_lost_or_repeated(write_recipe, c
     ({"max_staleness": 1, "trainer": {"num_iterations": 2}}, "not with trainer.num_iterations 2"),
     ({"max_staleness": 1, "trainer": {"steps_per_generation": 2}}, "steps_per_generation must equal gradient_accumulation_steps"),
     ({"max_staleness": 1, "trainer": {"use_vllm": True}}, "not with trainer.use_vllm"),
+    # what r1kit's decoding loop (the generator's) does not apply: refused before any model loads
+    ({"max_staleness": 1, "trainer": {"top_k": 5}},
+     "rl.max_staleness: r1kit's generator samples with temperature and top-p only; not with trainer.top_k 5"),
+    ({"max_staleness": 1, "trainer": {"repetition_penalty": 1.1}}, "not with trainer.repetition_penalty 1.1"),
+    ({"max_staleness": 1, "trainer": {"generation_kwargs": {"top_k": 5}}}, "not with trainer.generation_kwargs"),
 ])
 def test_bad_async_settings_are_one_line(write_recipe, tiny_model, tmp_path, capsys, stage, expected):
     path = recipe(write_recipe, tiny_model, tmp_path / "run", **stage)
@@ -282,10 +304,18 @@ def test_bad_async_settings_are_one_line(write_recipe, tiny_model, tmp_path, cap
 
 
 def test_the_loop_must_be_able_to_draw_the_rollouts(write_recipe, tiny_model, tmp_path, capsys):
-    path = recipe(write_recipe, tiny_model, tmp_path / "run", max_staleness=1, trainer={"top_k": 5})
+    """What only the model's own generation config asks (here no_repeat_ngram_size) is known once it loads: one
+    line naming the recipe, the stage and the key."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    (model / "generation_config.json").write_text(json.dumps({"no_repeat_ngram_size": 3}))
+    path = recipe(write_recipe, str(model), tmp_path / "run", max_staleness=1)
     assert main(["run", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert "max_staleness: asynchronous generation runs r1kit's decoding loop" in err and "TopKLogitsWarper" in err
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after the model loaded (datasets' progress above it)
+    assert last.startswith(f"r1kit: error: {path}: rl.max_staleness: asynchronous generation runs r1kit's decoding loop"), last
+    assert "NoRepeatNGram" in last
 
 
 def scripted_serve(*args):

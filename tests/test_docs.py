@@ -262,6 +262,8 @@ class Page:
     STAGES = {
         "sft": {"name": "sft", "kind": "sft", "data": {"source": "task:addition"}},
         "grpo": {"name": "rl", "kind": "grpo", "template": "plain", "data": {"source": "task:addition"}, "rewards": [{"name": "format"}]},
+        "async_grpo": {"name": "rl", "kind": "async_grpo", "template": "plain", "data": {"source": "task:addition"},
+                       "rewards": [{"name": "format"}]},
         "rejection": {"name": "rejection", "kind": "rejection", "data": {"source": "task:addition"}, "rewards": [{"name": "math_accuracy"}]},
         "eval": {"name": "eval", "kind": "eval", "benchmarks": ["task:addition"]},
     }

@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +23,7 @@ import pytest
 
 from conftest import gone
 from fake_openai import FakeServer, Gauge, completion
-from r1kit.sampling import endpoint
+from r1kit.sampling import backends, endpoint
 from r1kit.sampling.base import Completion, Endpoint, SamplingParams
 from r1kit.sampling.endpoint import ChatTurns, EndpointError, EndpointSampler
 from r1kit.sampling.serve import Servers, free_port
@@ -83,8 +84,8 @@ def test_completions_send_token_ids_and_read_the_reply(server, make_sampler, tok
         (request,) = [r for r in server.requests if r["prompt"] == ids]
         assert request["path"] == "/v1/completions"
         assert request["body"] == {"model": "tiny", "n": 3, "temperature": 0.6, "top_p": 0.95, "max_tokens": 8,
-                                   "seed": PARAMS.seed + i, "return_token_ids": True}
-        want = [completion(ids, PARAMS.seed + i, j, 0.6, 8) for j in range(3)]  # the fake answers choices in reverse: read by index
+                                   "seed": PARAMS.seed + 3 * i, "return_token_ids": True}  # vLLM draws sample j from seed + j
+        want = [completion(ids, PARAMS.seed + 3 * i, j, 0.6, 8) for j in range(3)]  # the fake answers choices in reverse: read by index
         assert got[i] == [Completion(w["text"], len(w["token_ids"]), w["finish_reason"] == "length") for w in want]
     truncated = [c.truncated for row in got for c in row]
     assert any(truncated) and not all(truncated)
@@ -135,8 +136,8 @@ def test_a_rejected_request_is_not_retried(server, make_sampler):
 def test_backoff_doubles_and_follows_retry_after(server, make_sampler, monkeypatch):
     monkeypatch.setattr(endpoint, "MAX_WAIT", 60.0)
     waits: list[float] = []
-    monkeypatch.setattr(endpoint, "time", SimpleNamespace(sleep=waits.append))  # endpoint uses time only to sleep
     sampler = make_sampler(server, retries=4, concurrency=1)
+    sampler.client.closed = SimpleNamespace(is_set=lambda: False, wait=waits.append, set=lambda: None)  # back-off waits on `closed`
     server.faults = ["500", "drop", "503"]
     sampler.generate_full(PROMPTS[:1], 1, PARAMS)
     assert len(waits) == 3 and all(2**i / 2 <= w <= 2**i for i, w in enumerate(waits))
@@ -161,7 +162,7 @@ def test_backoff_doubles_and_follows_retry_after(server, make_sampler, monkeypat
 ])
 def test_bad_endpoint_settings_are_refused(fields, where):
     settings = Endpoint(**{"url": ["http://127.0.0.1:8000/v1"], **fields})
-    problem = settings.problem("endpoint")
+    problem = backends.settings_problem("endpoint", settings)
     assert problem and where in problem and "\n" not in problem
     with pytest.raises(EndpointError, match=re.escape(where)):
         EndpointSampler("tiny", settings, tokenizer=object())
@@ -180,10 +181,11 @@ def test_an_unset_key_variable_is_refused(monkeypatch):
 
 def test_good_endpoint_settings_pass(monkeypatch):
     monkeypatch.setenv(KEY_ENV, KEY)
-    assert Endpoint(url=["http://127.0.0.1:8000/v1", "https://api.example.com/v1"], api_key_env=KEY_ENV).problem("endpoint") is None
-    assert Endpoint().problem("vllm_server") is None
-    assert "set backend: endpoint" in Endpoint(url=["http://127.0.0.1:8000/v1"]).problem("vllm")
-    assert "starts its own servers" in Endpoint(url=["http://127.0.0.1:8000/v1"]).problem("vllm_server")
+    served = Endpoint(url=["http://127.0.0.1:8000/v1"])
+    assert backends.settings_problem("endpoint", Endpoint(url=[*served.url, "https://api.example.com/v1"], api_key_env=KEY_ENV)) is None
+    assert backends.settings_problem("vllm_server", Endpoint()) is None
+    assert "set backend: endpoint" in backends.settings_problem("vllm", served)
+    assert "starts its own servers" in backends.settings_problem("vllm_server", served)
 
 
 def eval_args(url: str, out: Path, model: Path, *extra: str, served: str = "tiny", problems: int = 8) -> list[str]:
@@ -207,7 +209,7 @@ def keyed_server():
     ("wrong key", ["--api-key-env", KEY_ENV], {KEY_ENV: "sk-wrong-0000"}, [f"set {KEY_ENV} to a valid key", "HTTP 401"]),
     ("no key", [], {}, ["HTTP 401", "api_key_env"]),
     ("unset key variable", ["--api-key-env", KEY_ENV], {}, [f"--api-key-env: the environment variable {KEY_ENV} is not set"]),
-    ("wrong model", ["--api-key-env", KEY_ENV, "--served-model", "absent"], {KEY_ENV: KEY}, ["serves no model 'absent'; it serves: tiny, other"]),
+    ("wrong model", ["--api-key-env", KEY_ENV, "--served-model", "absent"], {KEY_ENV: KEY}, ["serves no model 'absent'; it serves: tiny, other (set endpoint.name; r1kit eval: --served-model)"]),
     ("closed port", [], {}, ["no server answers", "connection refused"]),
 ])
 def test_cli_refusals_are_one_line_and_write_nothing(keyed_server, tiny_model, tmp_path, case, extra, env, says):
@@ -231,13 +233,14 @@ def test_the_api_key_is_written_nowhere(keyed_server, tiny_model, tmp_path):
     assert {p.name for p in files} >= {"settings.json", "journal.jsonl", "samples.jsonl", "summary.json"}
     assert [p for p in files if KEY.encode() in p.read_bytes()] == []
     assert KEY not in done.stdout + done.stderr
-    # Each row is its problem's request's sample: seeded by the problem's place, sample j from choice j.
+    # Each row is its problem's request's sample: seeded by its first sample's place (problem x 2
+    # samples, so that vLLM's streams seed + j never overlap), sample j from choice j.
     seeds = {r["seed"]: r["prompt"] for r in keyed_server.answered()}
     rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
-    assert len(rows) == 16 and sorted(seeds) == list(range(8))
+    assert len(rows) == 16 and sorted(seeds) == list(range(0, 16, 2))
     for row in rows:
         problem = int(row["id"].rsplit("-", 1)[1])
-        want = completion(seeds[problem], problem, row["sample"], 0.6, 16)
+        want = completion(seeds[2 * problem], 2 * problem, row["sample"], 0.6, 16)
         assert (row["completion"], row["tokens"], row["truncated"]) == (want["text"], len(want["token_ids"]), want["finish_reason"] == "length")
 
 
@@ -307,31 +310,67 @@ def test_sigkill_mid_eval_resumes_without_asking_twice(script_server, server, ti
     rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert Counter(r["id"] for r in rows) == Counter({f"addition-test-{i}": 2 for i in range(problems)})
     assert (out / "samples.jsonl").read_text() == (tmp_path / "reference" / "samples.jsonl").read_text()
-    assert json.loads((out / "summary.json").read_text()) == json.loads((tmp_path / "reference" / "summary.json").read_text())
+    summaries = [json.loads(path.read_text()) for path in (out / "summary.json", tmp_path / "reference" / "summary.json")]
+    assert summaries[0]["endpoint"] != summaries[1]["endpoint"]  # where it answered: each run's own server
+    same = [{k: v for k, v in summary.items() if k != "endpoint"} for summary in summaries]
+    assert same[0] == same[1]
     assert sorted(journaled(out / "journal.jsonl")) == list(range(problems))  # each problem journaled once
 
     requests = script_server.requests()
-    asked = Counter(r["seed"] for r in requests)  # problem i's request has seed i
+    asked = Counter(r["seed"] // 2 for r in requests)  # problem i's request has seed 2i (2 samples each)
     assert sorted(asked) == list(range(problems))
-    assert not [r["seed"] for r in requests[asked_at_kill:] if r["seed"] in done_at_kill]  # a journaled problem is not asked again
+    assert not [r["seed"] for r in requests[asked_at_kill:] if r["seed"] // 2 in done_at_kill]  # a journaled problem is not asked again
     assert all(asked[i] == 1 for i in done_at_kill)
     assert sum(asked.values()) - problems <= 2  # only the requests in flight at the kill (concurrency 2) were asked again
-    assert all(len({json.dumps(r["prompt"]) for r in requests if r["seed"] == i}) == 1 for i in asked)
+    assert all(len({json.dumps(r["prompt"]) for r in requests if r["seed"] // 2 == i}) == 1 for i in asked)
     assert max(r["inflight"] for r in requests) <= 2  # --concurrency 2 over the chunks run at once
+
+
+def test_ctrl_c_mid_eval_is_one_line_and_the_rerun_resumes(script_server, tiny_model, tmp_path):
+    """Issue 66, point 3: Ctrl-C printed a 50-100-line traceback ending in KeyboardInterrupt."""
+    out, problems = tmp_path / "eval", 12
+    args = eval_args(script_server.url, out, tiny_model, problems=problems)
+    with open(tmp_path / "run.log", "w") as log:
+        run = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=log)
+        try:
+            deadline = time.monotonic() + 120
+            while len(journaled(out / "journal.jsonl")) < 3:
+                assert run.poll() is None and time.monotonic() < deadline, (tmp_path / "run.log").read_text()
+                time.sleep(0.02)
+            run.send_signal(signal.SIGINT)
+            assert run.wait(30) == 130
+        finally:
+            run.kill()
+            run.wait()
+    said = (tmp_path / "run.log").read_text()
+    assert said.rstrip().endswith("r1kit: interrupted; run the same command again to resume from what finished")
+    assert "Traceback" not in said and "KeyboardInterrupt" not in said and "retry" not in said, said
+    done = set(journaled(out / "journal.jsonl"))
+    rerun = cli(args)
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"resuming, {len(done)} of {problems} chunks already done" in rerun.stderr
 
 
 # -- chat mode and the concurrency bound -----------------------------------------------------
 
 
 def test_chat_mode_posts_messages_and_reads_message_content(server, make_sampler):
+    """Each sample its own request (seed + j, as vLLM seeds sample j of one), so its token count is
+    the server's usage, never a re-tokenization of the text (issue 66, point 6)."""
     got = make_sampler(server, chat=True).generate_full(PROMPTS[:2], 2, PARAMS)
-    assert [r["path"] for r in server.requests] == ["/v1/chat/completions"] * 2
+    assert [r["path"] for r in server.requests] == ["/v1/chat/completions"] * 4
     for i, prompt in enumerate(PROMPTS[:2]):
-        (request,) = [r for r in server.requests if r["seed"] == PARAMS.seed + i]
-        assert request["prompt"] == [{"role": "user", "content": prompt}] and request["n"] == 2
-        assert "return_token_ids" not in request["body"]
-        want = [completion(request["prompt"], PARAMS.seed + i, j, 0.6, 8) for j in range(2)]
-        assert [(c.text, c.truncated) for c in got[i]] == [(w["text"], w["finish_reason"] == "length") for w in want]
+        requests = sorted((r for r in server.requests if r["prompt"] == [{"role": "user", "content": prompt}]), key=lambda r: r["seed"])
+        assert [(r["n"], r["seed"]) for r in requests] == [(1, PARAMS.seed + 2 * i), (1, PARAMS.seed + 2 * i + 1)]
+        assert "return_token_ids" not in requests[0]["body"]
+        want = [completion(requests[0]["prompt"], PARAMS.seed + 2 * i + j, 0, 0.6, 8) for j in range(2)]
+        assert got[i] == [Completion(w["text"], len(w["token_ids"]), w["finish_reason"] == "length") for w in want]
+
+
+def test_chat_mode_counts_no_tokens_the_server_does_not(server, make_sampler):
+    server.usage = False
+    got = make_sampler(server, chat=True).generate_full(PROMPTS[:1], 2, PARAMS)
+    assert [c.tokens for c in got[0]] == [None, None] and all(c.text for c in got[0])
 
 
 def test_chat_mode_without_a_tokenizer_draws_one_sample_a_request(server, make_sampler, monkeypatch):
@@ -439,3 +478,130 @@ def test_a_killed_starter_leaves_no_server(tiny_model, tmp_path, gone_soon):
         starter.send_signal(signal.SIGKILL)
         starter.wait()
     gone_soon(pids, limit_s=20)
+
+
+# -- issue 66: what a served run records, refuses and says -----------------------------------
+
+
+def served_eval(server, tiny_model, out: Path, *extra: str, problems: int = 3) -> list[str]:
+    return ["eval", "--benchmark", "task:addition", "--task-arg", f"n={problems}", "--endpoint", server.url, "--served-model", "tiny",
+            "--model", str(tiny_model), "--output", str(out), "--samples", "2", "--max-tokens", "16", "--template", "plain", *extra]
+
+
+def test_a_folder_resumes_only_under_the_sampling_settings_that_made_it(server, tiny_model, tmp_path, capsys):
+    """Point 1: a folder made with --chat was reused, silently, without it."""
+    from r1kit.cli import main
+
+    out = tmp_path / "eval"
+    assert main(served_eval(server, tiny_model, out, "--chat")) == 0
+    settings, summary = (json.loads((out / name).read_text()) for name in ("settings.json", "summary.json"))
+    assert (settings["backend"], settings["served_model"], settings["chat"]) == ("endpoint", "tiny", True)
+    assert (summary["backend"], summary["chat"], summary["endpoint"]) == ("endpoint", True, [server.url])
+    assert f"endpoint backend serving tiny at {server.url}, chat messages" in capsys.readouterr().out  # point 4
+    asked = len(server.requests)
+    for extra, changed in [([], "chat"), (["--chat", "--answer-fallback", "last_number"], "answer_fallback"),
+                           (["--chat", "--served-model", "other"], "served_model")]:
+        assert main(served_eval(server, tiny_model, out, *extra)) == 2
+        assert f"holds an evaluation with other settings (changed: {changed})" in capsys.readouterr().err
+    local = ["eval", "--benchmark", "task:addition", "--task-arg", "n=3", "--model", str(tiny_model), "--output", str(out),
+             "--samples", "2", "--max-tokens", "16", "--template", "plain", "--backend", "transformers"]
+    assert main(local) == 2
+    assert "(changed: backend, chat, served_model)" in capsys.readouterr().err
+    assert len(server.requests) == asked
+    assert main(served_eval(server, tiny_model, out, "--chat")) == 0  # the same settings: nothing left to ask
+    assert len(server.requests) == asked
+
+
+def test_chat_with_a_template_the_server_would_wrap_again_is_refused(server, tiny_model, tmp_path, capsys):
+    """Point 7: --chat sent the whole R1-Zero prompt as the user message."""
+    from r1kit.cli import main
+
+    out = tmp_path / "eval"
+    args = [a for a in served_eval(server, tiny_model, out, "--chat") if a not in ("--template", "plain")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "endpoint.chat: the server wraps the user message in its own chat template, so template r1_zero's prompt" in err
+    assert err.count("\n") == 1 and not server.requests and not out.exists()
+    assert main([*args, "--template", "chat"]) == 0
+    (first, *_) = server.requests
+    assert first["prompt"][0]["content"].startswith("What is") and "Assistant:" not in first["prompt"][0]["content"]
+
+
+def test_no_two_samples_share_a_stream(server, make_sampler, tiny_model, tmp_path):
+    """Point 11: vLLM draws sample j of a request from seed + j, and problem i's request was seeded
+    seed + i, so sample j of problem i drew what sample j - 1 of problem i + 1 drew."""
+    from r1kit.cli import main
+
+    assert main(served_eval(server, tiny_model, tmp_path / "eval", "--samples", "4", problems=5)) == 0
+    make_sampler(server).generate_full(PROMPTS, 3, PARAMS)  # a call of several prompts (a rejection stage's chunk)
+    for requests in (server.requests[:5], server.requests[5:]):
+        streams = [r["seed"] + j for r in requests for j in range(r["n"])]
+        assert len(streams) == sum(r["n"] for r in requests) and len(set(streams)) == len(streams)
+
+
+def test_a_prompt_past_the_served_context_stops_the_run_in_one_line(server, make_sampler, tokenizer):
+    """Point 5: vLLM cut completions short in silence when prompt plus max_tokens passed max_model_len."""
+    ids = tokenizer(PROMPTS[0], add_special_tokens=False)["input_ids"]
+    server.max_model_len = len(ids) + PARAMS.max_tokens - 1
+    with pytest.raises(EndpointError, match=rf"a prompt of {len(ids)} tokens plus max_tokens 8 passes the served context of "
+                                            rf"{server.max_model_len} tokens \(max_model_len\).*lower max_tokens"):
+        make_sampler(server).generate_full(PROMPTS[:1], 2, PARAMS)
+    assert not server.requests  # refused before asking
+    with pytest.raises(EndpointError, match=r"passes the served context"):  # chat: the server renders the prompt, so its first reply tells
+        make_sampler(server, chat=True).generate_full(["one two three four five six seven eight nine ten eleven twelve"], 1, PARAMS)
+    server.max_model_len = len(ids) + PARAMS.max_tokens
+    assert len(make_sampler(server).generate_full(PROMPTS[:1], 2, PARAMS)[0]) == 2
+
+
+def test_closing_ends_a_backoff_wait_at_once(server, make_sampler, monkeypatch, caplog):
+    """Point 3: a retry's back-off sleep delayed Ctrl-C by up to a minute."""
+    monkeypatch.setattr(endpoint, "MAX_WAIT", 60.0)
+    server.retry_after, server.faults = "60", ["429"]
+    sampler = make_sampler(server, retries=2)
+    failed = []
+    worker = threading.Thread(target=lambda: failed.append(pytest.raises(EndpointError, sampler.generate_full, PROMPTS[:1], 1, PARAMS)))
+    worker.start()
+    deadline = time.monotonic() + 10
+    while not server.requests and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # into the 60 s wait
+    sampler.close()
+    worker.join(5)
+    assert not worker.is_alive() and "the client was closed" in str(failed[0].value)
+
+
+def test_a_request_cut_by_closing_announces_no_retry(server, make_sampler, caplog):
+    """Point 13: after an HTTP 400 ended the job, the closed client's other request logged
+    'connection dropped: [Errno 9] Bad file descriptor; retry 1 of 8'."""
+    server.slow, server.faults = 2.0, ["slow"]
+    sampler = make_sampler(server)
+    worker = threading.Thread(target=lambda: pytest.raises(EndpointError, sampler.generate_full, PROMPTS[:1], 1, PARAMS))
+    worker.start()
+    deadline = time.monotonic() + 10
+    while not server.requests and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with caplog.at_level("WARNING", logger="r1kit"):
+        sampler.close()
+        worker.join(10)
+    assert not worker.is_alive() and "retry" not in caplog.text
+
+
+def test_a_served_eval_logs_its_progress_not_a_line_per_problem(server, tiny_model, tmp_path, caplog):
+    """Point 13: an endpoint eval logged a line per problem beside the documented 10-second line."""
+    from r1kit.cli import main
+
+    with caplog.at_level("INFO", logger="r1kit"):
+        assert main(served_eval(server, tiny_model, tmp_path / "eval", problems=6)) == 0
+    assert "addition: 6/6 chunks, 12 samples" in caplog.text
+    assert not [r for r in caplog.records if "sampled" in r.getMessage()], caplog.text
+
+
+def test_ctrl_c_during_a_request_returns_at_once(server, make_sampler):
+    """Point 3: Ctrl-C waited for the requests in flight (a long sample, or a minute of back-off)."""
+    server.slow, server.faults = 5.0, ["slow"]
+    sampler = make_sampler(server)
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()  # Ctrl-C
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        sampler.generate_full(PROMPTS[:1], 1, PARAMS)
+    assert time.monotonic() - start < 3

@@ -71,6 +71,20 @@ def test_majority_vote_clusters_equivalent_answers_and_breaks_ties_by_first_appe
     assert votes == [1, 0, 0, 2, None, 2]
 
 
+def test_a_vote_over_an_unparseable_answer_warns_of_no_reference(caplog):
+    """Issue 66, point 8: a leading answer plays the reference of the vote's comparisons, and the
+    reward warned "reference 're1(x):1x5+1 ,3\ufffd' cannot be parsed" of a model's answer."""
+    from r1kit.rewards.math import math_accuracy
+
+    garbled = "re1(x):1x5+1 ,3\ufffd"
+    with caplog.at_level("WARNING"):
+        assert metrics.majority_votes([[garbled, "0", "0"]]) == [1]
+    assert "cannot be parsed" not in caplog.text
+    with caplog.at_level("WARNING"):
+        assert math_accuracy(["\\boxed{0}"], answer=[garbled]) == [None]  # a dataset's reference is still warned of
+    assert f"reference {garbled!r} cannot be parsed" in caplog.text
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
@@ -377,7 +391,8 @@ def test_eval_stages_around_training_report_per_stage(write_recipe, tiny_model, 
     capsys.readouterr()
     assert main(["eval", "compare", str(run / "before"), str(run / "after")]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[4:] == ["", "measured with: 16 problems, 4 samples each at temperature 0.6, top-p 0.95, max_tokens 48, template plain"]
+    assert table[4:] == ["", "measured with: 16 problems, 4 samples each at temperature 0.6, top-p 0.95, max_tokens 48, template plain, "
+                             "transformers backend"]
     assert table[2].startswith(f"| {run / 'before' / 'addition'} |") and table[3].startswith(f"| {run / 'after' / 'addition'} |")
 
 

@@ -1,7 +1,8 @@
 """bench/gpu_smoke.py, the prepared GPU check, in its CPU mode: every stage kind runs (asynchronous
 GRPO on r1kit's generator among them) and its figures and checks land in gpu_smoke.json; a
-non-finite loss fails the check; the asynchronous step says why it is left out on a GPU machine
-that cannot run TRL's asynchronous trainer."""
+non-finite loss fails the check; the GPU-only checks say "n/a" here, where they could not fail;
+the asynchronous step says why it is left out on a GPU machine that cannot run TRL's
+asynchronous trainer. What a GPU run must show is in tests/test_gpu.py (``pytest -m gpu``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 SCRIPT = Path(__file__).parents[1] / "bench" / "gpu_smoke.py"
+GPU_ONLY = {"no_cpu_defaults_on_gpu", "bf16_compute_on_gpu", "memory_free_at_each_stage_start"}
 
 
 def test_the_gpu_check_runs_every_stage_in_cpu_mode(tmp_path):
@@ -28,9 +30,23 @@ def test_the_gpu_check_runs_every_stage_in_cpu_mode(tmp_path):
     assert result["rl_async"] == "r1kit's generator process (CPU)" and "rl_async: r1kit's generator process" in proc.stdout
     for name in ("cold_start", "rl", "rl_async", "sft", "rl2"):
         assert stages[name]["trained_dtype"] == "float32" and stages[name]["use_cpu"] is True  # from a bf16 checkpoint
-    assert all(result["checks"].values()), result["checks"]
-    assert result["checks"]["reward_model_whole_under_zero3"] and result["checks"]["reward_model_whole_under_fsdp"]
-    assert "checks: no_cpu_defaults_on_gpu ok" in proc.stdout
+    assert result["checks"] == {**{name: "n/a" for name in GPU_ONLY}, "master_weights_float32": True, "losses_finite": True,
+                                "reward_model_whole_under_fsdp": True, "reward_model_whole_under_zero3": True}, result["checks"]
+    assert "checks: no_cpu_defaults_on_gpu n/a, master_weights_float32 ok" in proc.stdout
+
+
+def test_gpu_only_checks_say_n_a_on_a_cpu_and_can_fail_on_a_gpu():
+    """On a CPU the GPU-only checks are neither passed nor failed; the same stages fail them on a GPU."""
+    spec = importlib.util.spec_from_file_location("gpu_smoke", SCRIPT)
+    smoke = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(smoke)
+    cpu_stage = {"kind": "grpo", "losses_finite": True, "trained_dtype": "float32", "bf16": False, "use_cpu": True,
+                 "gpu_free_at_start_mib": None}
+    stages, sharded = {"rl": cpu_stage}, {"fsdp": True, "zero3": True}
+    on_cpu, on_gpu = smoke.checks(stages, gpu=False, sharded=sharded), smoke.checks(stages, gpu=True, sharded=sharded)
+    assert {name for name, result in on_cpu.items() if result == "n/a"} == GPU_ONLY
+    assert {name for name, result in on_gpu.items() if result is False} == GPU_ONLY
+    assert all(on_cpu[name] is True and on_gpu[name] is True for name in on_cpu if name not in GPU_ONLY)
 
 
 def test_a_non_finite_loss_fails_the_check(tmp_path):
@@ -67,7 +83,11 @@ def test_the_async_step_says_why_a_gpu_machine_leaves_it_out(monkeypatch, tmp_pa
     engine, why = smoke.async_engine(gpu=True, vllm=False)
     assert engine is None and why.startswith("left out: TRL's asynchronous trainer needs vllm") and why.endswith("a second GPU for the vLLM server")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    from r1kit.stages import async_grpo
+
+    monkeypatch.setattr(async_grpo, "flash_attention_problems", lambda where: [f"{where}: FlashAttention-3 does not load here"])
+    assert smoke.async_engine(gpu=True, vllm=True) == (None, "left out: rl_async.kind: FlashAttention-3 does not load here")
+    monkeypatch.setattr(async_grpo, "flash_attention_problems", lambda where: [])
     assert smoke.async_engine(gpu=True, vllm=True)[0] == "trl"
     monkeypatch.undo()
     recipe = smoke.recipe(tmp_path, "tiny", "tiny", 2, gpu=True, vllm=True, engine="trl")
@@ -75,4 +95,4 @@ def test_the_async_step_says_why_a_gpu_machine_leaves_it_out(monkeypatch, tmp_pa
     from r1kit.recipe import load_recipe
 
     stage = {s.name: s for s in load_recipe(tmp_path / "recipe.json").stages}["rl_async"]  # a valid recipe
-    assert (stage.async_engine, stage.server_gpus, stage.max_staleness) == ("trl", [1], 1)
+    assert (stage.kind, stage.server_gpus, stage.trainer["max_staleness"]) == ("async_grpo", [1], 1)

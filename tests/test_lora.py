@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,9 +20,11 @@ import r1kit.hardware
 import r1kit.trainers.lora
 from r1kit import pipeline
 from r1kit.cli import main
+from r1kit.errors import RecipeError
 from r1kit.recipe import load_recipe
 from r1kit.report import write_report
 
+ROOT = Path(__file__).resolve().parents[1]
 LORA = {"r": 8, "lora_alpha": 16}
 
 
@@ -186,3 +189,39 @@ def test_qlora_is_refused_on_a_machine_without_cuda(write_recipe, tmp_path, monk
         assert main(argv) == 2
         assert "rl.quantization: 4- and 8-bit weights (bitsandbytes) need a CUDA GPU, and this machine has none" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("mode", ["colocate", "server"])
+def test_qlora_beside_trl_vllm_generation_is_refused(write_recipe, tmp_path, capsys, mode):
+    """TRL 1.16 merges the adapter into the 4-bit base and sends vLLM dequantized weights its loader
+    refuses (TRL issue 4973): refused when the recipe is read, on any machine."""
+    path = write_recipe({"model": "tiny", "stages": [grpo(quantization={"load_in_4bit": True},
+                                                          trainer={"max_steps": 1, "use_vllm": True, "vllm_mode": mode})]})
+    for argv in (["validate", str(path)], ["run", str(path)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "rl.quantization: not with trainer.use_vllm: TRL merges the adapter into the 4-bit base" in err
+        assert len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_lora_recipe_validates_and_its_qlora_variant_as_its_header_says():
+    """The shipped recipe's QLoRA line (generation without vLLM) validates; QLoRA beside its vLLM does not."""
+    recipe = ROOT / "recipes/r1_zero_lora.yaml"
+    assert "rl.quantization.load_in_4bit=true rl.trainer.use_vllm=false" in recipe.read_text()
+    load_recipe(recipe, ["rl.quantization.load_in_4bit=true", "rl.trainer.use_vllm=false"])
+    with pytest.raises(RecipeError, match=r"rl\.quantization: not with trainer\.use_vllm"):
+        load_recipe(recipe, ["rl.quantization.load_in_4bit=true"])
+
+
+def test_a_recipe_model_init_kwargs_keeps_lora_dtype_default(write_recipe):
+    """r1kit's defaults and the recipe's trainer block merge key by key, inside mappings too: a
+    recipe's ``model_init_kwargs: {revision: ...}`` keeps the LoRA base's ``dtype: auto``."""
+    from r1kit.trainers.training import trainer_fields
+    from r1kit.stages import grpo as grpo_stage
+
+    rec = load_recipe(write_recipe({"model": "tiny", "stages": [grpo(trainer={"max_steps": 1, "model_init_kwargs": {"revision": "main"}})]}))
+    st = rec.stages[0]
+    fields, _ = trainer_fields(st, rec, grpo_stage.trainer_defaults(st))
+    assert fields["model_init_kwargs"] == {"dtype": "auto", "revision": "main"}
+    assert fields["max_steps"] == 1 and fields["beta"] == 0.001  # the recipe's over the paper's, top-level too

@@ -43,7 +43,7 @@ def test_limit_scores_the_first_problems_of_a_whole_completions_file(tmp_path, c
     assert main([*args, "--limit", "2", "--output", str(tmp_path / "o")]) == 0
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert summary["problems"] == 2 and summary["limit"] == 2  # recorded, and said beside the printed figures:
-    assert "measured with: 2 problems (the first 2 only: --limit), 1 samples each, scored from" in capsys.readouterr().out
+    assert "measured with: 2 problems (the first 2 only: --limit), 1 sample each, scored from" in capsys.readouterr().out
     assert len((tmp_path / "o" / "samples.jsonl").read_text().splitlines()) == 2
 
 
@@ -54,7 +54,7 @@ def test_a_problem_without_an_answer_is_said_beside_the_figures(tmp_path, capsys
     gen = tmp_path / "gen.jsonl"
     gen.write_text('{"id": "a", "completion": "\\\\boxed{2}"}\n{"id": "b", "completion": "\\\\boxed{4}"}\n')
     assert main(["eval", "--benchmark", str(bench), "--completions", str(gen), "--samples", "1", "--output", str(tmp_path / "o")]) == 0
-    assert "measured with: 1 problems (1 more without a usable reference answer, left out), 1 samples each" in capsys.readouterr().out
+    assert "measured with: 1 problems (1 more without a usable reference answer, left out), 1 sample each" in capsys.readouterr().out
 
 
 def test_ratings_are_said_and_a_clipped_one_is_a_bound(tmp_path, capsys):

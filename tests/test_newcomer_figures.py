@@ -6,8 +6,12 @@ suite's task benchmark takes its arguments in the suite file."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+import pytest
 
 from r1kit.cli import main
+from r1kit.errors import EvalError
 from r1kit.evaluation.benchmarks import load_benchmark
 from r1kit.execution import judge as judging
 from r1kit.execution.sandbox import Limits
@@ -107,3 +111,58 @@ def test_a_suites_saved_generations_are_scored_and_a_subset_run(tiny_model, tmp_
     assert main([*run, str(tmp_path / "partial"), "--completions", str(flat), "--only", "last_digit"]) == 0
     assert main([*run, str(tmp_path / "missing"), "--completions", str(flat)]) == 2
     assert "no addition.jsonl or addition/samples.jsonl for benchmark addition" in capsys.readouterr().err
+
+
+# Issue 66, points 1 and 4: every setting that changes what is sampled or how it is scored is in
+# the folder's fingerprint (a changed one is refused) and in the line that says how figures were measured.
+
+
+def _long_cot(tmp_path):
+    """A benchmark whose completions state their answers without a box: 0 without --answer-fallback, 1 with it."""
+    bench = tmp_path / "b.jsonl"
+    bench.write_text('{"id": "a", "problem": "1+1?", "answer": "2"}\n{"id": "b", "problem": "2+2?", "answer": "4"}\n')
+    gen = tmp_path / "gen.jsonl"
+    gen.write_text('{"id": "a", "completion": "so it is 2"}\n{"id": "b", "completion": "so it is 4"}\n')
+    return ["eval", "--benchmark", str(bench), "--completions", str(gen)]
+
+
+def test_a_changed_answer_fallback_is_refused_and_named_beside_the_figures(tmp_path, capsys):
+    args = _long_cot(tmp_path)
+    assert main([*args, "--output", str(tmp_path / "plain")]) == 0
+    assert main([*args, "--output", str(tmp_path / "plain"), "--answer-fallback", "last_number"]) == 2
+    assert "(changed: answer_fallback)" in capsys.readouterr().err
+    assert main([*args, "--output", str(tmp_path / "fallback"), "--answer-fallback", "last_number"]) == 0
+    capsys.readouterr()
+    assert main(["eval", "compare", str(tmp_path / "plain"), str(tmp_path / "fallback")]) == 0
+    out = capsys.readouterr().out
+    assert "measured with:" not in out  # 0.0 and 100.0 do not share one line
+    assert f"scored from {tmp_path / 'gen.jsonl'}, answer fallback last_number" in out
+
+
+def test_a_changed_choice_seed_is_refused_and_named_beside_the_figures(tmp_path, capsys):
+    copy = tmp_path / "gpqa.jsonl"
+    copy.write_text("".join(json.dumps(r) + "\n" for r in GPQA_ROWS))
+    gen = tmp_path / "gen.jsonl"
+    gen.write_text("".join(json.dumps({"id": r["Record ID"], "completion": "Answer: yes"}) + "\n" for r in GPQA_ROWS))
+    args = ["eval", "--benchmark", "gpqa_diamond", "--data-file", str(copy), "--completions", str(gen), "--output", str(tmp_path / "e")]
+    assert main(args) == 0
+    assert "choices shuffled with seed 0" in capsys.readouterr().out
+    assert main([*args, "--choice-seed", "1"]) == 2
+    assert "(changed: benchmark.choice_seed)" in capsys.readouterr().err
+
+
+def test_the_rating_table_is_recorded_refused_when_changed_and_named(tmp_path, capsys):
+    from r1kit.evaluation.evaluate import protocol_line, score_completions
+
+    cf = str(Path(__file__).parent / "data" / "codeforces.jsonl")
+    tables = [tmp_path / "r1.json", tmp_path / "codeelo.json"]
+    tables[0].write_text(json.dumps([[1000, 50], [1500, 30], [2000, 20]]))
+    tables[1].write_text(json.dumps([[1000, 80], [1500, 15], [2000, 5]]))
+    bench = load_benchmark("codeforces", data_file=cf, rating_table=str(tables[0]))
+    gen = tmp_path / "gen.jsonl"
+    gen.write_text("".join(json.dumps({"id": p.id, "completion": "no program"}) + "\n" for p in bench.problems))
+    summary = score_completions(bench, gen, tmp_path / "e")
+    assert summary["rating_table"] == str(tables[0]) and json.loads((tmp_path / "e" / "settings.json").read_text())["benchmark"]["rating_table"] == str(tables[0])
+    assert protocol_line(summary).endswith(f", percentile from {tables[0]}")
+    with pytest.raises(EvalError, match=r"\(changed: benchmark.rating_table\)"):
+        score_completions(load_benchmark("codeforces", data_file=cf, rating_table=str(tables[1])), gen, tmp_path / "e")

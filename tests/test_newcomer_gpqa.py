@@ -1,11 +1,14 @@
 """GPQA Diamond read in the hub schema has a per-subject breakdown (issue: tried as a new user
-would, point 5): the official export's ``High-level domain`` column was not mapped."""
+would, point 5): the official export's ``High-level domain`` column was not mapped. A completion
+restating a choice whose text starts like a letter ("A = ..., B = ...") scores that choice (issue 66,
+point 2)."""
 
 from __future__ import annotations
 
 import json
 
 from r1kit.cli import main
+from r1kit.evaluation import choices
 from r1kit.evaluation.benchmarks import load_benchmark
 
 
@@ -26,3 +29,58 @@ def test_the_hub_schemas_high_level_domain_is_the_breakdown(tmp_path):
 def test_the_printed_table_shows_the_breakdown(tmp_path, capsys):
     test_the_hub_schemas_high_level_domain_is_the_breakdown(tmp_path)
     assert "gpqa_diamond: pass@1 by subject (problems): Chemistry 100.0 (1), Physics 100.0 (2)" in capsys.readouterr().out
+
+
+# Issue 66, point 2: GPQA choices whose own text starts like a letter ("A = ..., B = ...") were
+# read as that letter when a completion restated them. Literal rows in the official export's shape.
+LETTERED = [
+    {"Record ID": "recA1", "Question": "Which pair of products forms in reactions A and B?", "High-level domain": "Chemistry",
+     "Correct Answer": "A = benzoquinone, B = methyl 2-hydroxypropanoate",
+     "Incorrect Answer 1": "A = cyclohexane-1,3-dione, B = methyl 2-hydroxypropanoate",
+     "Incorrect Answer 2": "A = benzoquinone, B = dimethyl fumarate",
+     "Incorrect Answer 3": "A = cyclohexane-1,3-dione, B = dimethyl fumarate"},
+    {"Record ID": "recA2", "Question": "Which reagents, A and B, complete the scheme?", "High-level domain": "Chemistry",
+     "Correct Answer": "A = NaHSO3, B = HCl", "Incorrect Answer 1": "A = H3O+, B = HCl",
+     "Incorrect Answer 2": "A = NaHSO3, B = CH3COOH", "Incorrect Answer 3": "A = H3O+, B = CH3COOH"},
+    {"Record ID": "recA3", "Question": "How does the rate change?", "High-level domain": "Physics",
+     "Correct Answer": "A 2-fold increase", "Incorrect Answer 1": "A 4-fold increase",
+     "Incorrect Answer 2": "B is unchanged", "Incorrect Answer 3": "C halves"},
+    # Two choices that differ only in case (as one official row does), and a duplicate distractor.
+    {"Record ID": "recA4", "Question": "Which notation is right?", "High-level domain": "Physics",
+     "Correct Answer": "kT", "Incorrect Answer 1": "KT", "Incorrect Answer 2": "2kT", "Incorrect Answer 3": "2kT"},
+]
+FORMS = ["<think>...</think>\nAnswer: {text}", "<think>...</think>\nThe answer is {text}.", "\\boxed{{{text}}}", "<think>...</think>\n{text}"]
+
+
+def restated_pass_at_1(tmp_path, wrong: bool) -> float:
+    """pass@1 of completions that restate, in each of FORMS, the correct choice's text (or, with
+    `wrong`, each wrong choice's), scored as ``r1kit eval --completions`` scores them."""
+    from r1kit.evaluation.evaluate import score_completions
+
+    copy = tmp_path / "gpqa.jsonl"
+    copy.write_text("".join(json.dumps(r) + "\n" for r in LETTERED))
+    bench = load_benchmark("gpqa_diamond", data_file=str(copy))
+    rows = []
+    for p in bench.problems:
+        gold = choices.LETTERS.index(p.answer)
+        texts = [c for i, c in enumerate(p.choices) if (i != gold) == wrong]
+        rows += [{"id": p.id, "completion": form.format(text=text)} for text in texts for form in FORMS]
+    gen = tmp_path / "gen.jsonl"
+    gen.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return score_completions(bench, gen, tmp_path / "eval")["pass@1"]
+
+
+def test_restating_the_correct_choices_text_scores_correct(tmp_path):
+    assert restated_pass_at_1(tmp_path, wrong=False) == 1.0
+
+
+def test_restating_a_wrong_choices_text_scores_wrong(tmp_path):
+    assert restated_pass_at_1(tmp_path, wrong=True) == 0.0
+
+
+def test_a_letter_before_a_lettered_choice_still_reads_the_letter():
+    row = LETTERED[0]
+    shown = [row["Incorrect Answer 1"], row["Incorrect Answer 2"], row["Correct Answer"], row["Incorrect Answer 3"]]
+    assert choices.answer_letter(f"Answer: C) {shown[2]}", shown) == "C"
+    assert choices.answer_letter(f"(C) {shown[2]}", shown) == "C"
+    assert choices.answer_letter("**Answer:** C", shown) == "C"

@@ -59,3 +59,15 @@ def test_validate_refuses_a_teacher_with_another_tokenizer_as_the_docs_say(tmp_p
     assert main(["validate", write(tmp_path, [{**distill, "teacher": str(student)}], model=str(student))]) == 0
     after_sft = [{**SFT, "trainer": {"max_steps": 1}}, distill]  # the student is the sft stage's model: not written yet, not checked
     assert main(["validate", write(tmp_path, after_sft, model=str(student))]) == 0
+
+
+def test_validate_says_nothing_of_triton():
+    """Issue 66, point 13: validate's output began with vLLM's three lines on Triton's absence on a CPU."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    done = subprocess.run([sys.executable, "-m", "r1kit.cli", "validate", "recipes/r1_zero_async.yaml"], cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    assert "valid (1 stages" in done.stdout and "Triton" not in done.stdout + done.stderr, done.stderr

@@ -174,7 +174,7 @@ def test_a_stage_is_not_taken_as_done_or_resumed_when_what_it_was_made_from_chan
     (tmp_path / "run" / "b" / pipeline.MARKER).unlink()  # as if b had been killed
     assert pipeline.plan(load_recipe(path)).resume == "b"
     changed = write_recipe({"model": str(tiny_model), "stages": [a, sft_stage("b", trainer={**quick, "learning_rate": 1e-3})]}, "changed.yaml")
-    with pytest.raises(RecipeError, match=r"stage 'b' was interrupted .* \(changed: stage.trainer.learning_rate\).* --restart-from b"):
+    with pytest.raises(RecipeError, match=r"stage 'b' did not finish \(interrupted or failed\) .* \(changed: stage.trainer.learning_rate\).* --restart-from b"):
         pipeline.plan(load_recipe(changed))
     assert pipeline.plan(load_recipe(changed), restart_from="b").resume is None
 

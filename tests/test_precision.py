@@ -196,7 +196,7 @@ def test_vllm_sampler_is_asked_for_bfloat16_on_a_bf16_cpu(wide_model, bf16_cpu, 
             seen.update(options)
 
     monkeypatch.setattr(vllm_backend, "VLLMSampler", Engine)
-    monkeypatch.setattr(r1kit.sampling, "vllm_available", lambda: True)
+    monkeypatch.setattr(vllm_backend, "vllm_problem", lambda: None)
     r1kit.sampling.load_sampler(str(wide_model), "vllm")
     assert seen == {"dtype": "bfloat16"}
     seen.clear()

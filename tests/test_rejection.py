@@ -4,6 +4,7 @@ with SIGKILL resumes to exactly what an uninterrupted run writes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -188,7 +189,7 @@ def test_select_verifies_filters_then_caps():
         ({"temperature": -1}, "need temperature >= 0, 0 < top_p <= 1"),
         ({"filters": {"langauge": "en"}}, "rej.filters: unknown key 'langauge' (did you mean 'language'?)"),
         ({"filters": {"language": "xx"}}, "rej.filters.language: 'xx' is not one of en, zh"),
-        ({"backend": "sglang"}, "rej.backend: 'sglang' is not allowed"),
+        ({"backend": "sglang"}, "rej.backend: 'sglang' is not a sampling backend; allowed: auto, endpoint, transformers, vllm, vllm_server"),
         ({"max_kept_per_prompt": -1}, "rej.max_kept_per_prompt: must be at least 1, got -1"),  # sliced off the last survivor
         ({"max_kept_per_prompt": 0}, "rej.max_kept_per_prompt: must be at least 1, got 0"),
         ({"rewards": [{"name": "math_accuracy", "when": 3}]}, "rej.rewards[0]: reward 'math_accuracy': `when` maps column names"),
@@ -228,7 +229,7 @@ def test_resume_after_sigkill_loses_nothing_and_duplicates_nothing(write_recipe,
     with open(out / "journal.jsonl", "a") as f:  # as a kill in the middle of a write leaves it
         f.write('{"chunk": 15, "prompts": [{"index": 30, "id": "addi')
 
-    with pytest.raises(RecipeError, match=r"stage 'rej' was interrupted .* \(changed: stage.samples\)"):
+    with pytest.raises(RecipeError, match=r"stage 'rej' did not finish \(interrupted or failed\) .* \(changed: stage.samples\)"):
         pipeline.run(load_recipe(killed, ["rej.samples=5"]))  # the journal's chunks were sampled 4 a prompt
     (out / pipeline.STARTED).unlink()  # as a run from before the pipeline recorded it: the journal's own check
     with pytest.raises(RecipeError, match="written with another config"):
@@ -302,7 +303,21 @@ def test_a_rejection_stage_that_keeps_nothing_fails_naming_what_dropped_everythi
     assert main(["run", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("r1kit: error: rej: kept nothing of 64 samples of 8 prompts; dropped by overlong ")
-    assert "loosen the overlong filter (filters:)" in err and "stats.json has every prompt's pass rate" in err
+    assert "loosen the overlong filter (filters.max_tokens or filters.max_chars)" in err and "stats.json has every prompt's pass rate" in err
     stats = json.loads((tmp_path / "run" / "rej" / "stats.json").read_text())
     assert stats["kept"] == 0 and stats["dropped"]["overlong"] > 0
     assert not (tmp_path / "run" / "rej" / "DONE.json").exists()
+
+
+def test_what_to_loosen_names_the_keys_of_every_filter():
+    """Issue 66, point 13: the hint "loosen the overlong filter (filters:)" named no key."""
+    from r1kit.filters import LOOSEN, REASONS, FilterConfig
+    from r1kit.stages.rejection import RejectionStage, kept_nothing
+
+    keys = {f.name for f in dataclasses.fields(FilterConfig)}
+    assert set(LOOSEN) == set(REASONS)
+    for reason, fix in LOOSEN.items():
+        named = [word.split(".")[1].rstrip(":,") for word in fix.split() if word.startswith("filters.")]
+        assert named and set(named) <= keys, (reason, fix)
+    stage = RejectionStage(name="rej", kind="rejection", data={"source": "task:addition"}, rewards=[{"name": "math_accuracy"}])
+    assert kept_nothing(stage, {"failed": 0, "repetition": 5}).endswith("loosen the repetition filter (filters.max_repetition, or filters.repetition: false)")

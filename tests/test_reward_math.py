@@ -340,3 +340,23 @@ def test_pathological_references_are_skipped():
     refs = ["{" * 3000 + "5" + "}" * 3000, "x" * 1_000_000, "7"]
     scores = returns(lambda: math_accuracy(["\\boxed{5}", "\\boxed{5}", "\\boxed{7}"], answer=refs, timeout=TIMEOUT))
     assert scores == [None, None, 1.0]
+
+
+def test_a_math_worker_whose_parent_is_gone_ends_quietly():
+    """A run ended by SIGTERM mid-job leaves workers answering into a pipe nobody reads: they end
+    without a BrokenPipeError traceback."""
+    import subprocess
+    import sys
+
+    code = (
+        "import multiprocessing\n"
+        "from r1kit.rewards import math_pool\n"
+        "mine, theirs = multiprocessing.Pipe()\n"
+        "mine.send(('\\\\frac12', ['0.5', '2']))\n"
+        "mine.close()  # the parent is gone before the worker answers\n"
+        "math_pool._worker_main(theirs)\n"
+        "print('ended')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ended", out.stderr
+    assert "BrokenPipeError" not in out.stderr and "Traceback" not in out.stderr

@@ -128,3 +128,13 @@ def test_a_concurrent_job_journals_chunks_as_they_finish_and_reads_them_in_order
     assert [r["item"] for r in job.records()] == list(range(30))
     assert [r["texts"] for r in job.records()][7] == ["p7-0", "p7-1"]
     assert job.sample(Work(), lambda: engine) == 0 and len(engine.calls) == 30  # nothing asked twice
+
+
+def test_the_docs_say_what_validate_asks():
+    """Issue 66, point 9: docs/served.md said that plain validate notes a server that does not
+    answer; it asks no server (test_validate_notes_what_only_this_machine_lacks_and_here_asks_the_server)."""
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).parents[1] / "docs" / "served.md").read_text().split())
+    assert "notes an unset key variable; it asks no server. `--here` refuses an unset key variable and asks each server" in text
+    assert "or a server that does not answer" not in text

@@ -111,6 +111,22 @@ def test_a_killed_run_leaves_no_stage_running_and_resumes(write_recipe, tiny_mod
     assert steps[-1] == 6 and json.loads((tmp_path / "run" / "sft" / "DONE.json").read_text())["model"]
 
 
+def test_ctrl_c_is_one_line_from_the_pipeline_and_none_from_the_stage(write_recipe, tiny_model, tmp_path, hold, wait_gone):
+    """Issue 66, point 3: Ctrl-C printed the stage process's traceback ending in KeyboardInterrupt."""
+    sft = {**STAGES[0], "trainer": {**STAGES[0]["trainer"], "max_steps": 6, "save_strategy": "steps", "save_steps": 2}}
+    path = write_recipe({"model": str(tiny_model), "stages": [sft]})
+    env = {**hold.env(step=2, output_dir=tmp_path / "run" / "sft" / "checkpoints"), "R1KIT_STAGE_PROCESS": "1"}
+    with open(tmp_path / "run.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "r1kit.cli", "run", str(path)], env=env, stdout=log, stderr=log, start_new_session=True)
+        held = hold.wait(proc)
+        os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C: the whole foreground group
+        assert proc.wait(120) == 130
+    wait_gone(held)
+    said = (tmp_path / "run.log").read_text()
+    assert said.rstrip().endswith("r1kit: interrupted; run the same command again to resume from what finished")
+    assert "Traceback" not in said and "KeyboardInterrupt" not in said, said
+
+
 def test_distributed_stages_each_get_a_process_group_of_their_own(write_recipe, tiny_model, tmp_path):
     stages = [STAGES[0], STAGES[1], STAGES[3]]
     path = write_recipe({"model": str(tiny_model), "stages": stages})

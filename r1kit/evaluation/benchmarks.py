@@ -277,6 +277,8 @@ def load_benchmark(
         config["choice_seed"] = choice_seed  # decides the order the choices are shown in
     if rating_table is not None and not any(p.rating is not None for p in problems):
         raise EvalError(f"{source}: --rating-table gives Codeforces' rating distribution, but no problem here has a rating (codeforces has)")
+    if rating_table is not None:
+        config["rating_table"] = rating_table  # decides the percentile
     return Benchmark(name, source, problems, config, rating_table, limit)
 
 

@@ -24,14 +24,17 @@ tool's ``output`` block. In it, the first reader that finds something decides:
    B``) before any ``the answer is C`` / ``the correct option is C``;
 3. the whole span, when it is only a choice (``C``, ``(C)``, ``C) 42 kJ``).
 
-What such a reader found is a letter when it is one: alone or in parentheses, followed (in a
-statement) by anything but another choice joined to it, or (in the whole span) only by that
-choice's own text; else it is a choice when it is exactly one choice's text (spacing, case and a
-final period aside). A letter followed by exactly another choice's text (``The answer is A =
-benzoquinone`` where benzoquinone is C) is that other choice: the model lettered the choices in
-another order, and the text says which it meant. A hedge names no choice and scores 0: ``A or
-B``, ``A/B``, ``either B or C``, ``\\boxed{A, C}``, ``C, or maybe D``. A completion still inside
-``<think>`` (cut off, or never closing a reasoning block its prompt opened) has no final answer.
+What such a reader found is a letter when it is one alone or in parentheses; else a choice when
+it is exactly one choice's text (spacing, case and a final period aside), even a text that starts
+like a letter (GPQA's ``A = benzoquinone, B = methyl 2-hydroxypropanoate`` is one choice's text,
+not the letter A); else a letter followed (in a statement) by anything but another choice joined
+to it, or (in the whole span) only by that choice's own text. Where case alone tells two choices
+apart (``kT`` and ``KT``), the text in the same case names one. A letter followed by exactly
+another choice's text (``The answer is A = benzoquinone`` where benzoquinone is C) is that other
+choice: the model lettered the choices in another order, and the text says which it meant. A
+hedge names no choice and scores 0: ``A or B``, ``A/B``, ``either B or C``, ``\\boxed{A, C}``,
+``C, or maybe D``. A completion still inside ``<think>`` (cut off, or never closing a reasoning
+block its prompt opened) has no final answer.
 
 Not here: answers given only in the reasoning (a model that never states a final answer scores
 0), choice letters beyond J, and free-text similarity (a paraphrase of a choice is no answer).
@@ -93,9 +96,20 @@ def _same(a: str, b: str) -> bool:
     return " ".join(_plain(a).lower().split()) == " ".join(_plain(b).lower().split())
 
 
+def _named_by_text(found: str, choices: list[str]) -> str | None:
+    """The letter of the one choice whose text `found` is (spacing, case and a final period
+    aside; where case alone tells two choices apart, the one in the same case), or None."""
+    letters = LETTERS[: len(choices)]
+    named = [i for i, choice in enumerate(choices) if _same(found, choice)]
+    if len(named) > 1:
+        named = [i for i in named if " ".join(_plain(found).split()) == " ".join(_plain(choices[i]).split())]
+    return letters[named[0]] if len(named) == 1 else None
+
+
 def _choice_in(found: str, choices: list[str], statement: bool = True) -> str | None:
     """The letter `found` names (see the module docstring), or None. Outside a statement (the
-    whole span) only a lone letter, or a letter followed by its own choice's text, counts."""
+    whole span) only a lone letter, a choice's whole text, or a letter followed by its own
+    choice's text, counts."""
     letters = LETTERS[: len(choices)]
     found = _plain(found)
     if statement:
@@ -103,6 +117,9 @@ def _choice_in(found: str, choices: list[str], statement: bool = True) -> str | 
     lone = _LONE_LETTER.fullmatch(found)
     if lone and lone.group(1).upper() in letters:
         return lone.group(1).upper()
+    whole = _named_by_text(found, choices)
+    if whole:  # a choice's own text, even one that starts like a letter ("A = benzoquinone, B = ...")
+        return whole
     lead = _LEADING.match(found)
     if lead and (lead.group(1) or lead.group(2)).upper() in letters:
         letter, rest = (lead.group(1) or lead.group(2)).upper(), lead.group(3).strip()
@@ -110,15 +127,14 @@ def _choice_in(found: str, choices: list[str], statement: bool = True) -> str | 
         text = rest.lstrip(")].:=- ")
         if not rest or _same(rest, own) or _same(text, own):
             return letter
-        named = [letters[i] for i, choice in enumerate(choices) if _same(text, choice)]
-        if len(named) == 1:  # "A = <the text of C>": the letter of another order, the choice by its text
-            return named[0]
+        named = _named_by_text(text, choices)
+        if named:  # "A = <the text of C>": the letter of another order, the choice by its text
+            return named
         if not statement:
             return None
         hedge = _HEDGE.match(rest)
         return None if hedge and hedge.group(1) in letters and hedge.group(1) != letter else letter
-    matches = [letters[i] for i, choice in enumerate(choices) if _same(found, choice)]
-    return matches[0] if len(matches) == 1 else None
+    return None
 
 
 def final_span(completion: str, prefilled: bool = False) -> str | None:

@@ -39,13 +39,17 @@ choice: gpqa_diamond from the hub, gated), ``task:NAME``
 ``answer`` fields, or ``tests`` / ``test_cases`` for code (other names by ``--id-field`` etc.).
 The figures are computed by r1kit.evaluation.metrics; the command line is r1kit.cli's.
 
-The output folder holds ``settings.json`` (what was asked), ``samples.jsonl`` (one row per
-sample: id, sample, completion, correct, tokens, truncated, and the extracted answer for math or
-the failure reason and tests passed for code) and ``summary.json`` (both written atomically at the
-end; for code the summary records the sandbox limits). The problems are sampled as a job of
-r1kit.sampling.jobs: each generate call's rows are one line of ``journal.jsonl``, appended and
-synced, so a killed run resumes: finished calls are kept, a half-written line is cut off, the rest
-runs, seeded as in an uninterrupted run (each call by its first problem's position). The eval
+The output folder holds ``settings.json`` (its fingerprint: every setting that changes what is
+sampled or how it is scored, the backend and a served model's name and chat mode among them
+(`sampled_by`); a folder asked for under another is refused, naming what changed),
+``samples.jsonl`` (one row per sample: id, sample, completion, correct, tokens, truncated, and
+the extracted answer for math or the failure reason and tests passed for code) and
+``summary.json`` (both written atomically at the end; for code the summary records the sandbox
+limits). The problems are sampled as a job of r1kit.sampling.jobs: each generate call's rows are
+one line of ``journal.jsonl``, appended and synced, so a killed run resumes: finished calls are
+kept, a half-written line is cut off, the rest runs, seeded as in an uninterrupted run (each call
+by its first sample's position: problem i's samples are seeds ``seed`` + i·k + j, one stream
+each). `protocol_line` says beside every table every setting that changed its figures. The eval
 stage of a distributed run shares the calls among its processes (`evaluate`'s ``shard`` and
 ``shards``): each journals into a file of its own, which the main process merges.
 
@@ -80,6 +84,7 @@ from r1kit.evaluation.benchmarks import Benchmark
 from r1kit.errors import EvalError, RecipeError
 from r1kit.files import atomic_file, write_atomic
 from r1kit.evaluation.metrics import runs_code, score, summarize
+from r1kit.sampling import backends
 from r1kit.sampling.base import Completion, Sampler, SamplingConfig, SamplingParams
 from r1kit.sampling.jobs import Chunk, Job, Request
 from r1kit.execution.sandbox import Limits
@@ -147,7 +152,13 @@ def _refuse_other(out: Path, settings: dict) -> None:
     path = out / "settings.json"
     if path.exists():
         old = json.loads(path.read_text())
-        changed = [key for key in sorted(set(old) | set(settings)) if old.get(key) != settings.get(key)]
+        changed = []
+        for key in sorted(set(old) | set(settings)):
+            was, now = old.get(key), settings.get(key)
+            if isinstance(was, dict) and isinstance(now, dict):  # the benchmark's config: name its key
+                changed += [f"{key}.{k}" for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)]
+            elif was != now:
+                changed.append(key)
         if changed:
             raise EvalError(f"{out} holds an evaluation with other settings (changed: {', '.join(changed)}); use another folder")
 
@@ -173,6 +184,8 @@ def _finish(out: Path, bench: Benchmark, rows: list[dict], k: int, head: dict, s
         summary["task_args"] = bench.config["task_args"]  # what decided a task benchmark's problems
     if "choice_seed" in bench.config:
         summary["choice_seed"] = bench.config["choice_seed"]  # the order the choices were shown in
+    if bench.rating_table is not None:
+        summary["rating_table"] = bench.rating_table  # the distribution the percentile is read from
     if runs_code(bench):
         summary["sandbox"] = dataclasses.asdict(sandbox)
     summary.update(summarize(bench, rows, k))
@@ -181,7 +194,6 @@ def _finish(out: Path, bench: Benchmark, rows: list[dict], k: int, head: dict, s
 
 
 SEQUENCES_PER_CALL = 512
-SERVED = ("endpoint", "vllm_server")
 """Samples per generate call: each call's problems are journaled when it returns."""
 
 
@@ -192,27 +204,27 @@ def calls(bench: Benchmark, samples: int) -> int:
 
 class Problems:
     """A benchmark's side of its sampling job (r1kit.sampling.jobs.Work): a chunk's problems,
-    rendered with the backend's tokenizer, and their samples.jsonl rows."""
+    rendered with the backend's tokenizer, and their samples.jsonl rows. Progress is the job's
+    to log (r1kit.sampling.jobs.Progress: a line at most every 10 s), not a line per call."""
 
-    def __init__(self, bench: Benchmark, settings: Settings, shard: int, shards: int):
-        self.bench, self.settings, self.shard, self.shards = bench, settings, shard, shards
+    def __init__(self, bench: Benchmark, settings: Settings):
+        self.bench, self.settings = bench, settings
 
     def request(self, chunk: Chunk, sampler: Sampler) -> Request:
         from r1kit import templates
 
         s = self.settings
         prompts = [templates.render(s.template, p.problem, sampler.tokenizer, s.think_prefill) for p in self.bench.problems[chunk.start : chunk.stop]]
-        # Seeded by the call's first position, so a rerun of the same call samples the same.
-        return Request(prompts, s.samples, SamplingParams(s.temperature, s.top_p, s.max_tokens, s.seed + chunk.start), s.load_tools() or None)
+        # Seeded by the call's first sample (a backend gives sample j of its prompt i seed + i * n + j),
+        # so a rerun of the same call samples the same and no two samples share a stream.
+        seed = s.seed + chunk.start * s.samples
+        return Request(prompts, s.samples, SamplingParams(s.temperature, s.top_p, s.max_tokens, seed), s.load_tools() or None)
 
     def records(self, chunk: Chunk, request: Request, completions: list[list[Completion]], sampler: Sampler) -> list[dict]:
         problems = self.bench.problems
         # A prompt that opens <think> (think_prefill, or the template's own) leaves each completion inside it.
         opened = [opens_think(p) for p in request.prompts]
-        rows = score(problems[chunk.start : chunk.stop], completions, self.settings.answer_fallback, limits(self.settings), opened)
-        where = f" (shard {self.shard} of {self.shards})" if self.shards > 1 else ""
-        log.info("%s: problems %d-%d of %d sampled%s", self.bench.name, chunk.start, chunk.stop - 1, len(problems), where)
-        return rows
+        return score(problems[chunk.start : chunk.stop], completions, self.settings.answer_fallback, limits(self.settings), opened)
 
 
 def evaluate(
@@ -242,17 +254,20 @@ def evaluate(
     samples.jsonl in problem order (the rows of a single-process run) and summarizes.
     """
     check_settings(settings)
+    if endpoint:
+        from r1kit.sampling.endpoint import chat_problem
+
+        if problem := chat_problem(endpoint, settings.template):
+            raise EvalError(problem)
     out = Path(out_dir)
-    head = {"model": model, "completions": None, **dataclasses.asdict(settings)}
-    if backend in SERVED:  # what answered: a folder sampled from one server does not resume from another model
-        head |= {"backend": backend, "served_model": (endpoint.name if endpoint and endpoint.name else model)}
+    head = {"model": model, "completions": None, **dataclasses.asdict(settings), **sampled_by(backend, endpoint, model)}
     if not runs_code(bench):  # the sandbox limits change only an evaluation that runs code
         head = {k: v for k, v in head.items() if not k.startswith("code_")}
     claim = {"benchmark": bench.config, **head}
     _refuse_other(out, claim)
     # A served model answers each problem's request on its own: one problem a journal line, so an
     # interrupted run asks the server again for no finished problem.
-    per_call = 1 if backend in SERVED else max(1, SEQUENCES_PER_CALL // settings.samples)
+    per_call = 1 if backends.served(backend) else max(1, SEQUENCES_PER_CALL // settings.samples)
     job = Job(out, claim, len(bench.problems), per_call, bench.name, first=first_call)
 
     def load():  # the model first: one that cannot be loaded leaves the folder as it was
@@ -264,7 +279,7 @@ def evaluate(
 
     claimed = (out / "settings.json").exists()
     try:
-        if not job.sample(Problems(bench, settings, shard, shards), load, shard, shards):
+        if not job.sample(Problems(bench, settings), load, shard, shards):
             _claim(out, claim)
     except BaseException:
         if not claimed and not job.index():  # failed before its first sample: the folder as it was
@@ -277,7 +292,19 @@ def evaluate(
     rows = list(job.records())
     with atomic_file(out / SAMPLES) as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
-    return _finish(out, bench, rows, settings.samples, head, limits(settings))
+    where = {"endpoint": endpoint.url} if endpoint and endpoint.url else {}  # not in the fingerprint: any server of the model resumes
+    return _finish(out, bench, rows, settings.samples, head | where, limits(settings))
+
+
+def sampled_by(backend: str, endpoint, model: str) -> dict:
+    """What sampled, as a folder's fingerprint records it: the backend (``auto`` as it resolves
+    here), and for a served model the name it is served under and whether it was sent chat
+    messages. Each changes the samples, so a folder resumes only under the same."""
+    from r1kit.sampling import resolve_backend
+
+    if backends.served(backend):
+        return {"backend": backend, "served_model": (endpoint.name if endpoint and endpoint.name else model), "chat": bool(endpoint and endpoint.chat)}
+    return {"backend": resolve_backend(backend)}
 
 
 def _completion(path: Path, lineno: int, row: dict):
@@ -347,7 +374,7 @@ def score_completions(
     k = len(given[ids[0]])
     sandbox = sandbox or limits(Protocol())
     out = Path(out_dir)
-    head = {"model": None, "completions": str(path), "samples": k, "answer_fallback": fallback}
+    head = {"model": None, "completions": str(path), "samples": k, "answer_fallback": fallback, "think_prefill": prefilled}
     _claim(out, {"benchmark": bench.config, **head})
     rows = score(bench.problems, [given[i] for i in ids], fallback, sandbox, prefilled)
     write_atomic(out / SAMPLES, "".join(json.dumps(r) + "\n" for r in rows))
@@ -359,22 +386,45 @@ def score_completions(
 
 
 def sampling_phrase(settings: dict) -> str:
-    """How samples were drawn, from a summary's or an eval stage's settings: the one phrasing of the
-    protocol every table uses (`protocol_line`, and the run report's per eval stage)."""
+    """How samples were drawn and read, from a summary's or an eval stage's settings (a served
+    model's keys as a summary names them: `sampled_by`'s, and ``endpoint`` its URLs): the one
+    phrasing of the protocol every table uses (`protocol_line`, and the run report's per eval stage)."""
     prefill = " with <think> prefilled" if settings.get("think_prefill") else ""
-    return (f"{settings.get('samples', '?')} samples each at temperature {settings.get('temperature')}, top-p {settings.get('top_p')}, "
-            f"max_tokens {settings.get('max_tokens')}, template {settings.get('template')}{prefill}")
+    backend = settings.get("backend")
+    engine = f", {backend} backend" if backend else ""
+    if backends.served(backend):
+        at = f" at {', '.join(settings['endpoint'])}" if settings.get("endpoint") else ""
+        engine += f" serving {settings.get('served_model')}{at}" + (", chat messages" if settings.get("chat") else "")
+    return (f"{_each(settings.get('samples', '?'))} at temperature {settings.get('temperature')}, top-p {settings.get('top_p')}, "
+            f"max_tokens {settings.get('max_tokens')}, template {settings.get('template')}{prefill}{engine}{_fallback(settings)}")
+
+
+def _each(samples) -> str:
+    return f"{samples} sample{'' if samples == 1 else 's'} each"
+
+
+def _fallback(settings: dict) -> str:
+    fallback = settings.get("answer_fallback")
+    return f", answer fallback {fallback}" if fallback not in (None, "none") else ""
 
 
 def protocol_line(summary: dict) -> str:
-    """How a benchmark's figures were measured, in one line (a table says it beside its figures)."""
+    """How a benchmark's figures were measured, in one line (a table says it beside its figures):
+    every setting that changed them, so that figures measured otherwise never share a line."""
     limit = f" (the first {summary['limit']} only: --limit)" if summary.get("limit") is not None else ""
-    problems, samples = summary.get("problems", "?"), summary.get("samples", "?")
+    problems = summary.get("problems", "?")
     if summary.get("unscorable"):  # rows without a usable reference answer: not in the figures, and said so
         limit += f" ({summary['unscorable']} more without a usable reference answer, left out)"
     if summary.get("completions"):
-        return f"{problems} problems{limit}, {samples} samples each, scored from {summary['completions']}"
-    return f"{problems} problems{limit}, {sampling_phrase(summary)}"
+        prefill = ", whose prompts opened <think>" if summary.get("think_prefill") else ""
+        way = f"{_each(summary.get('samples', '?'))}, scored from {summary['completions']}{prefill}{_fallback(summary)}"
+    else:
+        way = sampling_phrase(summary)
+    if "choice_seed" in summary:
+        way += f", choices shuffled with seed {summary['choice_seed']}"
+    if summary.get("rating_table"):
+        way += f", percentile from {summary['rating_table']}"
+    return f"{problems} problems{limit}, {way}"
 
 
 def table(summaries: list[dict], labels: list[str] | None = None) -> str:

@@ -19,6 +19,7 @@ Pure functions of their inputs (the verifiers aside); nothing here samples or wr
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -42,10 +43,26 @@ def majority_votes(answer_lists: list[list[str | None]]) -> list[int | None]:
 
     Distinct answers are taken in order of first appearance; each joins the first earlier
     cluster whose leading answer the verifier judges equal to it, else leads a new one. Every
-    round compares the next distinct answer of all problems in one verifier batch.
+    round compares the next distinct answer of all problems in one verifier batch. A leader plays
+    the reference in those comparisons: a model's answer that the verifier cannot parse joins no
+    cluster, and the reward's warning about an unparseable reference (meant for a dataset's) is
+    not logged.
     """
     verify = math_verifier()
+    quiet = logging.getLogger(verify.fn.__module__)  # the reward's own logger
+    quiet.addFilter(_drop)
+    try:
+        return _votes(answer_lists, verify)
+    finally:
+        quiet.removeFilter(_drop)
 
+
+def _drop(record: logging.LogRecord) -> bool:
+    return False
+
+
+def _votes(answer_lists: list[list[str | None]], verify) -> list[int | None]:
+    """`majority_votes`, comparing with `verify`."""
     distinct = [list(dict.fromkeys(a for a in answers if a is not None)) for answers in answer_lists]
     leaders: list[list[int]] = [[] for _ in distinct]
     cluster: list[dict[int, int]] = [{} for _ in distinct]  # distinct answer -> its cluster's leader

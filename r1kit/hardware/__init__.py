@@ -6,8 +6,12 @@ there (r1kit.hardware.precision).
 - `World`: this process's rank among the run's processes and its node's, read from the
   launcher's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, as
   accelerate and torchrun set them) once, at a command's entry, and handed to what needs it.
-- `die_with(parent)`: a child process (a stage's, the asynchronous generator) ends with the
-  process that started it, however that one ends.
+- `Machine`: what a run's processes have (a CUDA GPU or not, their `World`, the launcher's
+  sharding engine), read once at a command's entry (from an accelerate config file for
+  ``validate --accelerate-config``, from the launcher's environment in a launched run) and handed
+  to every machine check, so ``validate`` sees what ``run`` refuses.
+- `die_with(parent)`: a child process (a stage's, the asynchronous generator, a vLLM server)
+  ends with the process that started it, however that one ends: one rule for all of them.
 
 Not here: anything that changes results beyond rounding, anything on a GPU (TRL's and torch's own
 paths run there), process groups (r1kit.stage_process). Imports nothing of r1kit; trainers,
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 
 
 def has_gpu() -> bool:
+    """Whether this machine has a CUDA GPU: the one place r1kit asks torch."""
     import torch
 
     return torch.cuda.is_available()
@@ -59,14 +64,48 @@ class World:
         return self.rank == 0
 
 
+LAUNCHERS = {"DEEPSPEED": "deepspeed", "FSDP": "fsdp"}
+"""accelerate's sharding engines, by its ``distributed_type``, as `Machine.launcher` names them."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the processes of a run have, for the checks that refuse a recipe this machine cannot run."""
+
+    gpu: bool
+    """Whether the machine has a CUDA GPU."""
+    world: World = World()
+    """The run's processes (one, unless a launcher starts several)."""
+    launcher: str | None = None
+    """The launcher's sharding engine: ``deepspeed``, ``fsdp``, or None (plain data parallelism or one process)."""
+
+    @classmethod
+    def here(cls, accelerate_config: str | None = None) -> "Machine":
+        """This machine, with the processes a launch by `accelerate_config` (an accelerate config
+        file) would start, or, without one, those the launcher's environment says this one belongs to."""
+        if accelerate_config is None:
+            env = {"deepspeed": "ACCELERATE_USE_DEEPSPEED", "fsdp": "ACCELERATE_USE_FSDP"}
+            launcher = next((name for name, var in env.items() if os.environ.get(var, "").lower() == "true"), None)
+            return cls(gpu=has_gpu(), world=World.from_env(), launcher=launcher)
+        from accelerate.commands.config.config_args import load_config_from_file
+
+        config = load_config_from_file(accelerate_config)
+        per_node = int(config.num_processes or 1) // max(1, int(config.num_machines or 1))
+        world = World(world=int(config.num_processes or 1), local_world=per_node)
+        return cls(gpu=has_gpu(), world=world, launcher=LAUNCHERS.get(str(config.distributed_type).rpartition(".")[2]))
+
+
 def die_with(parent: int) -> None:
-    """End this process when `parent` ends, however it ends (SIGKILL included)."""
+    """End this process when `parent` ends, however it ends (SIGKILL included): SIGTERM, so a
+    process that holds others (a vLLM server, its engine cores) can end them on its way out. Safe
+    to call between fork and exec (``preexec_fn``), where the watching thread of other systems
+    would not survive: there only Linux's parent-death signal acts."""
     if sys.platform.startswith("linux"):
         import ctypes
         import signal
 
         PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != parent:  # the parent ended before the call took effect
             os._exit(1)
         return

@@ -1,5 +1,7 @@
 """What r1kit changes to train and sample fast on a CPU, where TRL and torch are tuned for GPUs.
 
+- `share_cores`: the processes of a launched run on one node (``--accelerate-config``) divide
+  its cores among them, as one process alone uses them all.
 - `keep_freed_memory`: the C allocator keeps memory it has been handed back, instead of returning
   it to the system. glibc serves every allocation above 32 MiB with a fresh `mmap` and unmaps it
   on free, so each large temporary tensor (a [tokens, vocabulary] tile of logits is 50-200 MiB)
@@ -38,8 +40,11 @@ import ctypes
 import functools
 import ctypes.util
 import logging
+import os
 
 import torch
+
+from r1kit.hardware import World, has_gpu
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +58,21 @@ BLOCK_ROWS = 512
 _kept = False
 
 
+def share_cores(world: World) -> int | None:
+    """In a run of several processes on this node without a CUDA GPU, give each its share of the
+    cores this process may use: torch's threads, and ``OMP_NUM_THREADS`` for the processes it
+    starts (a stage's own process, a generator). Returns the share, or None where nothing changes:
+    one process already computes on every core, and GPUs compute elsewhere. Without it a launcher
+    decides (torchrun: one thread a process, which leaves the other cores of a large machine idle)."""
+    if world.local_world <= 1 or has_gpu():
+        return None
+    threads = max(1, len(os.sched_getaffinity(0)) // world.local_world)
+    torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    log.info("%d processes on this node: %d threads each", world.local_world, threads)
+    return threads
+
+
 def keep_freed_memory() -> bool:
     """On a machine without a CUDA GPU, have glibc's allocator serve large allocations from its
     heap and keep freed memory there, so that tensors allocated again and again reuse pages
@@ -62,7 +82,7 @@ def keep_freed_memory() -> bool:
     global _kept
     if _kept:
         return True
-    if torch.cuda.is_available():
+    if has_gpu():
         return False
     name = ctypes.util.find_library("c")
     try:

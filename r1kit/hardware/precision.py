@@ -129,9 +129,9 @@ def cpu_bf16(model: str, cpuinfo: str | None = None) -> tuple[bool, str]:
 def sampling_dtype(model: str) -> str | None:
     """``"bfloat16"`` when a sampler on this machine should load `model` in it (no GPU, and
     `cpu_bf16` says it pays), logged; else None, and the backend keeps its own default."""
-    import torch
+    from r1kit.hardware import has_gpu
 
-    if torch.cuda.is_available():
+    if has_gpu():
         return None
     bf16, why = cpu_bf16(model)
     if not bf16:

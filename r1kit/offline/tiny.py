@@ -100,6 +100,14 @@ def shape_problem(hidden_size: int = 64, num_heads: int = 2, num_kv_heads: int =
     return None
 
 
+def tiny_tokenizer(vocab_size: int = 400, seed: int = 0, pretrain_steps: int = 0, **model_args):
+    """The tokenizer `build_tiny_model` gives a model built with these arguments (the others shape
+    the model, not its tokenizer): known before the model is built."""
+    from r1kit.offline import corpus
+
+    return build_tokenizer(vocab_size=vocab_size, seed=seed, extra=corpus.documents(2000, seed) if pretrain_steps else None)
+
+
 def build_tiny_model(
     out_dir: str | Path,
     hidden_size: int = 64,
@@ -127,8 +135,7 @@ def build_tiny_model(
     if problem:
         raise ValueError(f"tiny model: {problem}")
     out_dir = Path(out_dir)
-    extra = corpus.documents(2000, seed) if pretrain_steps else None
-    tokenizer = build_tokenizer(vocab_size=vocab_size, seed=seed, extra=extra)
+    tokenizer = tiny_tokenizer(vocab_size, seed, pretrain_steps)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,

@@ -6,10 +6,7 @@ for the eval and rejection stages and the ``r1kit eval`` command line."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, get_args
-
-Backend = Literal["auto", "vllm", "transformers", "endpoint", "vllm_server"]
-BACKENDS: tuple[str, ...] = get_args(Backend)
+from typing import Any, Protocol
 
 
 @dataclass(kw_only=True)
@@ -56,20 +53,15 @@ class Endpoint:
     start_timeout: float = 1800.0
     """backend vllm_server: seconds a starting server may take to answer /health."""
 
-    def problem(self, backend: str) -> str | None:
-        """What is wrong with these settings for `backend`, in one line naming the key, or None."""
+    def problem(self) -> str | None:
+        """What is wrong with these settings, whatever the backend, in one line naming the key, or
+        None (what a backend refuses of them: r1kit.sampling.backends.settings_problem)."""
         from urllib.parse import urlparse
 
-        if backend == "endpoint" and not self.url:
-            return "endpoint.url: backend endpoint needs the server's URL (http://host:port/v1)"
-        if backend not in ("endpoint", "vllm_server") and (self.url or self.name):
-            return f"endpoint: settings of a served model, but backend is {backend}; set backend: endpoint"
         for i, url in enumerate(self.url):
             parsed = urlparse(url)
             if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.query or parsed.fragment:
                 return f"endpoint.url[{i}]: {url!r} is not an http(s) URL like http://127.0.0.1:8000/v1"
-        if backend == "vllm_server" and self.url:
-            return "endpoint.url: backend vllm_server starts its own servers; give url only with backend endpoint"
         if self.concurrency < 1 or self.retries < 0 or self.timeout <= 0 or self.start_timeout <= 0:
             return (f"endpoint: need concurrency >= 1, retries >= 0, timeout > 0 and start_timeout > 0; got concurrency "
                     f"{self.concurrency}, retries {self.retries}, timeout {self.timeout}, start_timeout {self.start_timeout}")
@@ -88,9 +80,10 @@ class Endpoint:
 class EngineConfig:
     """Which sampling engine a stage starts, and with what."""
 
-    backend: Backend = "auto"
-    """Sampling backend: auto takes vLLM on a CUDA GPU when it is installed, else transformers;
-    endpoint samples a served model at endpoint.url; vllm_server starts vLLM servers for the model."""
+    backend: str = "auto"
+    """Sampling backend (r1kit.sampling.backends): auto takes vLLM on a CUDA GPU when it imports, else
+    transformers; vllm; endpoint samples a served model at endpoint.url; vllm_server starts vLLM
+    servers for the model."""
     backend_options: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the backend: vllm.LLM's (gpu_memory_utilization, tensor_parallel_size, ...),
     the vLLM server's flags (vllm_server: max_model_len, tensor_parallel_size, ...) or batch_size."""

@@ -10,12 +10,17 @@ r1kit renders the prompt (template, think prefill) with the model's tokenizer an
 ``/completions`` as token ids, so a vLLM or SGLang server continues exactly the tokens the
 in-process backends would; with ``chat: true`` it sends the question as a user message to
 ``/chat/completions`` instead (an API without a completions endpoint; the server applies its own
-chat template, no tokenizer is needed, and a reasoning model's separate ``reasoning_content``
-comes back inside <think> tags). Each prompt is one request with ``n`` samples and
-its own seed (``params.seed`` plus the prompt's place in the call, as r1kit.sampling.vllm_backend
-seeds), so a served vLLM draws what the in-process one draws. A completion's token count comes
-from the server's token ids (vLLM's ``return_token_ids``), else from ``usage`` (one sample) or
-the local tokenizer; it is truncated when the server's ``finish_reason`` is ``length``.
+chat template, so the template must be ``chat`` or ``plain``: `chat_problem`; no tokenizer is
+needed, and a reasoning model's separate ``reasoning_content`` comes back inside <think> tags).
+Each prompt is one request with ``n`` samples and its own seed, ``params.seed`` plus n times the
+prompt's place in the call, as r1kit.sampling.vllm_backend seeds: vLLM draws sample j of a
+request from seed + j, so no two samples of a call share a stream, and a served vLLM draws what
+the in-process one draws (with ``chat: true`` the n samples are n requests of seeds seed + j: a
+chat reply counts only the tokens of all its samples together). A completion's token count comes
+from the server's token ids (vLLM's ``return_token_ids``), else from ``usage`` (one sample), else
+from the local tokenizer on the completions endpoint; with ``chat: true`` never from a local
+re-tokenization (the server's template and tokenizer made the text): None, unknown. It is
+truncated when the server's ``finish_reason`` is ``length``.
 
 What a real server needs:
 
@@ -26,7 +31,9 @@ What a real server needs:
 - one-line `EndpointError`s (exit 2) for what retrying cannot fix, found before any sample:
   nothing listening at a URL, a refused key (401/403), a model name the server does not serve
   (the names it serves listed), a request the server rejects (400, e.g. max_tokens past the
-  model's length);
+  model's length), a prompt plus max_tokens past the context a server reports (vLLM's
+  ``max_model_len`` in /models), which vLLM would answer with completions cut short in silence
+  (with ``chat: true`` the server renders the prompt: found at its first reply);
 - the API key read from the environment variable ``api_key_env`` names, sent as a bearer token
   and never stored.
 
@@ -44,7 +51,6 @@ import logging
 import os
 import random
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 from r1kit.errors import RecipeError
@@ -85,7 +91,8 @@ class Client:
         self.http = httpx.Client(timeout=httpx.Timeout(timeout or endpoint.timeout, connect=30.0),
                                  limits=httpx.Limits(max_connections=endpoint.concurrency + len(self.urls)),
                                  trust_env=not all(map(loopback, self.urls)))  # a proxy setting never reroutes a local server
-        self.closed = False
+        self.closed = threading.Event()
+        """Set by `close`: a back-off wait ends at once and no request starts (Ctrl-C does not wait a minute)."""
         self.requests = 0
         """Requests answered (bench/served.py, the tests)."""
 
@@ -97,11 +104,12 @@ class Client:
 
     def close(self) -> None:
         """Close the connections: requests in flight end at once (an interrupted job does not wait for them)."""
-        self.closed = True
+        self.closed.set()
         self.http.close()
 
-    def models(self, url: str) -> list[str]:
-        """The names `url` serves; one-line errors for no server, a refused key or another reply."""
+    def models(self, url: str) -> dict[str, int | None]:
+        """The names `url` serves, each with its context length (vLLM's ``max_model_len``; None
+        where the server does not say); one-line errors for no server, a refused key or another reply."""
         import httpx
 
         try:
@@ -113,15 +121,17 @@ class Client:
         if reply.status_code != 200:
             raise EndpointError(f"{url}/models: HTTP {reply.status_code}: {_message(reply)}; is this an OpenAI-compatible base URL (ending /v1)?")
         try:
-            return [m["id"] for m in reply.json()["data"]]
-        except (ValueError, KeyError, TypeError):
+            return {m["id"]: m.get("max_model_len") if isinstance(m.get("max_model_len"), int) else None for m in reply.json()["data"]}
+        except (ValueError, KeyError, TypeError, AttributeError):
             raise EndpointError(f"{url}/models: not an OpenAI model list; is this an OpenAI-compatible base URL (ending /v1)?") from None
 
-    def check(self, url: str) -> None:
-        """That `url` answers, takes the key and serves the model."""
+    def check(self, url: str) -> int | None:
+        """That `url` answers, takes the key and serves the model; its context length (or None)."""
         served = self.models(url)
         if self.name not in served:
-            raise EndpointError(f"{url}: serves no model {self.name!r}; it serves: {', '.join(served) or 'none'} (set endpoint.name)")
+            raise EndpointError(f"{url}: serves no model {self.name!r}; it serves: {', '.join(served) or 'none'} "
+                                "(set endpoint.name; r1kit eval: --served-model)")
+        return served[self.name]
 
     def _key_hint(self) -> str:
         env = self.config.api_key_env
@@ -133,7 +143,7 @@ class Client:
 
         error = ""
         for attempt in range(self.config.retries + 1):
-            if self.closed:
+            if self.closed.is_set():
                 raise EndpointError(f"{self.urls[0]}: the client was closed (the job was interrupted)")
             wait = min(MAX_WAIT, 2.0**attempt) * (0.5 + random.random() / 2)
             with self.slots:
@@ -159,8 +169,10 @@ class Client:
                     with self.lock:
                         self.busy[url] -= 1
             if attempt < self.config.retries:
+                if self.closed.is_set():  # closed while in flight (Ctrl-C, another request's error): no retry to announce
+                    continue
                 log.warning("%s%s: %s; retry %d of %d in %.1f s", url, path, error, attempt + 1, self.config.retries, wait)
-                time.sleep(wait)
+                self.closed.wait(wait)
         raise EndpointError(f"{url}{path}: {error}; {self.config.retries} retries exhausted")
 
     def _refusal(self, url: str, reply) -> str:
@@ -190,13 +202,16 @@ class EndpointSampler:
         """A client of `endpoint`'s servers for `model` (the tokenizer's folder or hub id, and the
         served name unless ``endpoint.name`` gives one). Asks every server which models it serves
         first, so that a wrong URL, key or name fails here, before any sample."""
-        if problem := endpoint.problem("endpoint") or endpoint.machine_problem():
+        from r1kit.sampling import backends
+
+        if problem := backends.settings_problem("endpoint", endpoint) or endpoint.machine_problem():
             raise EndpointError(problem)
         self.config, self.concurrency = endpoint, endpoint.concurrency
         self.client = Client(endpoint, endpoint.name or model)
         try:
-            for url in self.client.urls:
-                self.client.check(url)
+            contexts = [c for c in map(self.client.check, self.client.urls) if c is not None]
+            self.context = min(contexts, default=None)
+            """The served context in tokens (the least of the servers'), where they say; None: unknown."""
             self.counting = tokenizer if tokenizer is not None else _tokenizer(model, endpoint.chat)
             """The model's tokenizer: prompts to token ids, texts to token counts (None: an API's model, not loadable)."""
             self.tokenizer = ChatTurns() if endpoint.chat else self.counting
@@ -222,8 +237,7 @@ class EndpointSampler:
     def generate_full(self, prompts: list[str], n: int, params: SamplingParams, tools: list | None = None) -> list[list[Completion]]:
         if tools:
             return self._with_tools(prompts, n, params, tools)
-        with ThreadPoolExecutor(min(len(prompts), self.concurrency) or 1) as pool:
-            return list(pool.map(lambda i: self._sample(prompts[i], n, params, params.seed + i), range(len(prompts))))
+        return _threaded(min(len(prompts), self.concurrency), lambda i: self._sample(prompts[i], n, params, params.seed + i * n), range(len(prompts)))
 
     def _body(self, params: SamplingParams, n: int, seed: int, max_tokens: int) -> dict:
         return {"model": self.client.name, "n": n, "temperature": params.temperature, "top_p": params.engine_top_p,
@@ -233,23 +247,37 @@ class EndpointSampler:
         draws = params.draws(n)
         body = self._body(params, draws, seed, params.max_tokens)
         if self.config.chat:
-            if draws > 1 and self.counting is None:  # no way to count each sample's tokens but one at a time
+            if draws > 1:  # a chat reply counts only all its samples' tokens (usage): each sample is asked alone
                 return [c for j in range(draws) for c in self._sample(prompt, 1, params, seed + j)]
             data = self.post("/chat/completions", {**body, "messages": [{"role": "user", "content": prompt}]})
+            self._fits((data.get("usage") or {}).get("prompt_tokens"), params.max_tokens)  # the server rendered the prompt
         else:
-            data = self.post("/completions", {**body, "prompt": self.ids(prompt), "return_token_ids": True})
+            ids = self.ids(prompt)
+            self._fits(len(ids), params.max_tokens)
+            data = self.post("/completions", {**body, "prompt": ids, "return_token_ids": True})
         out = []
         for c in sorted(data["choices"], key=lambda c: c.get("index", 0)):
             text = _chat_text(c.get("message") or {}) if self.config.chat else c.get("text") or ""
             out.append(Completion(text=text, tokens=self._count(c, text, data, draws), truncated=c.get("finish_reason") == "length"))
         return out * (n // draws)
 
+    def _fits(self, prompt_tokens: int | None, max_tokens: int) -> None:
+        """An EndpointError when a prompt plus `max_tokens` passes the served context, where a
+        server (vLLM) cuts the completions short in silence instead of refusing the request."""
+        if self.context is not None and isinstance(prompt_tokens, int) and prompt_tokens + max_tokens > self.context:
+            raise EndpointError(
+                f"{self.client.urls[0]}: a prompt of {prompt_tokens} tokens plus max_tokens {max_tokens} passes the served context of "
+                f"{self.context} tokens (max_model_len), and the server would cut completions short; lower max_tokens or serve a longer max_model_len"
+            )
+
     def _count(self, choice: dict, text: str, data: dict, draws: int) -> int | None:
         if isinstance(choice.get("token_ids"), list):
             return len(choice["token_ids"])
         if draws == 1 and isinstance((data.get("usage") or {}).get("completion_tokens"), int):
             return data["usage"]["completion_tokens"]
-        return len(self.ids(text)) if self.counting is not None else None  # an API's model, no usage: unknown
+        if self.config.chat:  # the server's chat template and tokenizer made the text: a local count would be a guess
+            return None
+        return len(self.ids(text))
 
     def _with_tools(self, prompts: list[str], n: int, params: SamplingParams, tools: list) -> list[list[Completion]]:
         """Rollouts that call `tools` (r1kit.sampling.tool_loop), each turn a request stopping at a block's closing fence."""
@@ -270,13 +298,34 @@ class EndpointSampler:
 
         def step(turn_prompts, counts, max_tokens, stop=None):
             seeds = [params.seed + next(calls) for _ in turn_prompts]
-            with ThreadPoolExecutor(min(len(turn_prompts), self.concurrency) or 1) as pool:
-                rows = pool.map(lambda j: one(turn_prompts[j], counts[j], max_tokens, seeds[j]), range(len(turn_prompts)))
-                return [ids for row in rows for ids in row]
+            rows = _threaded(min(len(turn_prompts), self.concurrency), lambda j: one(turn_prompts[j], counts[j], max_tokens, seeds[j]),
+                             range(len(turn_prompts)))
+            return [ids for row in rows for ids in row]
 
         ids = [self.ids(p) for p in prompts]
         out = tool_loop.completions(step, ids, [n] * len(prompts), params.max_tokens, tools, self.tokenizer, eos_ids)
         return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+
+def _threaded(workers: int, fn, items) -> list:
+    """`fn` of each item on `workers` threads, in order. An error or Ctrl-C returns at once: what
+    is in flight ends when the sampler closes (a ``with`` block would wait for it, a minute of
+    back-off or a whole long sample)."""
+    pool = ThreadPoolExecutor(max(1, workers))
+    try:
+        return list(pool.map(fn, items))
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def chat_problem(endpoint: Endpoint, template: str) -> str | None:
+    """Why prompts of `template` cannot go to `endpoint` (with ``chat: true`` the rendered prompt
+    is the user's message, which the server wraps in its own chat template: only the question,
+    with or without R1's guidance, belongs there), in one line naming the key, or None."""
+    if endpoint.chat and template not in ("chat", "plain"):
+        return (f"endpoint.chat: the server wraps the user message in its own chat template, so template {template}'s prompt would "
+                "be sent inside it; set template: chat (the question with R1's guidance) or plain (the question alone)")
+    return None
 
 
 def _tokenizer(model: str, chat: bool):

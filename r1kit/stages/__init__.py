@@ -21,6 +21,7 @@ __all__ = ["StageContext", "StageKind", "StageResult", "get", "kinds"]
 _MODULES = {
     "sft": "r1kit.stages.sft",
     "grpo": "r1kit.stages.grpo",
+    "async_grpo": "r1kit.stages.async_grpo",
     "rejection": "r1kit.stages.rejection",
     "eval": "r1kit.stages.evaluate",
     "distill": "r1kit.stages.distill",

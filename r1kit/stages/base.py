@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from r1kit.hardware import World
+from r1kit.hardware import Machine, World
 from r1kit.stages import hooks
 
 if TYPE_CHECKING:
@@ -33,8 +33,9 @@ class StageKind:
     """The stage's data sections (key, r1kit.config.DataConfig), checked before anything runs."""
     budgets: Callable[[Any], "hooks.TokenBudgets | None"] = lambda stage: None
     """The token budgets one sequence of the stage must hold (r1kit.stages.hooks.TokenBudgets)."""
-    machine_problems: Callable[[Any, bool], list[str]] = lambda stage, gpu: []
-    """What this machine (with a CUDA GPU or not) lacks for the stage, one line each."""
+    machine_problems: Callable[[Any, Machine], list[str]] = lambda stage, machine: []
+    """What this machine (r1kit.hardware.Machine: a CUDA GPU or not, the run's processes, their
+    launcher) lacks for the stage, one line each."""
     servers: Callable[[Any, ModelRef | None], list[str]] = lambda stage, start: []
     """The running servers the stage names that do not answer as the recipe says, one line each
     (asked before anything loads, by ``validate --here`` and ``run``); `start` is the model the
@@ -42,9 +43,10 @@ class StageKind:
     r1kit.recipe.starting_models)."""
     bf16: Callable[[Any], dict[str, bool]] = lambda stage: {}
     """The stage's settings that ask for bfloat16 (key: asked), for r1kit.hardware.precision."""
-    local_check: Callable[[Any, dict[str, str]], None] | None = None
-    """Checks that read the model folders the stage names, where they exist before the run (key:
-    folder; ``model`` is the model the stage starts from): tokenizers and configs, never weights."""
+    local_check: Callable[[Any, dict[str, tuple[str, Callable]]], None] | None = None
+    """Checks that read the tokenizers of the models the stage names, where they are known before
+    the run: a local folder's, the tiny model's (key: (what names it, a function loading it);
+    ``model`` is the model the stage starts from, whose tokenizer training does not change)."""
     plots_rl: bool = False
     """The stage logs RL figures per step (metrics.jsonl): the report plots them and tabulates tool calls."""
 

@@ -68,15 +68,13 @@ def check(stage: DistillStage) -> None:
         raise RecipeError(f"{stage.name}.template: {problem}")
 
 
-def local_check(stage: DistillStage, folders: dict[str, str]) -> None:
-    """Student and teacher folders that exist before the run: their tokenizers, compared when the
-    recipe is read (`compatible`)."""
-    if "model" in folders and "teacher" in folders:
-        from transformers import AutoTokenizer
-
-        student, teacher = folders["model"], folders["teacher"]
-        compatible(AutoTokenizer.from_pretrained(student), AutoTokenizer.from_pretrained(teacher), student, teacher,
-                   stage.template == "chat", f"{stage.name}.teacher")
+def local_check(stage: DistillStage, tokenizers: dict) -> None:
+    """The student's and the teacher's tokenizers, where both are known before the run (a local
+    folder's, or a tiny model's built from the recipe's arguments), compared when the recipe is
+    read (`compatible`)."""
+    if "model" in tokenizers and "teacher" in tokenizers:
+        (student, load_student), (teacher, load_teacher) = tokenizers["model"], tokenizers["teacher"]
+        compatible(load_student(), load_teacher(), student, teacher, stage.template == "chat", f"{stage.name}.teacher")
 
 
 def teacher_path(ctx: StageContext) -> str:

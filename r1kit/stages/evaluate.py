@@ -42,6 +42,7 @@ from r1kit.evaluation.benchmarks import BENCHMARKS, CODE_BENCHMARKS, DATED, Benc
 from r1kit.config import StageConfig
 from r1kit.errors import EvalError, RecipeError, suggest
 from r1kit.sampling.base import EngineConfig
+from r1kit.sampling.endpoint import chat_problem
 from r1kit.stages import hooks
 from r1kit.stages.base import StageContext, StageKind, StageResult
 
@@ -70,7 +71,9 @@ def settings(stage: EvalStage, seed: int) -> ev.Settings:
 
 
 def check(stage: EvalStage) -> None:
-    hooks.check_engine(stage)
+    hooks.check_engine(stage, prefill=stage.think_prefill, tools=bool(stage.tools))
+    if problem := chat_problem(stage.endpoint, stage.template):
+        raise RecipeError(f"{stage.name}.{problem}")
     try:
         ev.check_settings(settings(stage, 0))
     except EvalError as exc:
@@ -128,6 +131,7 @@ def _run(ctx: StageContext, sampler) -> StageResult:
             since=stage.since,
             until=stage.until,
             task_args=task_args(stage, source),
+            choice_seed=stage.choice_seed,
         )
         for source in stage.benchmarks
     ]

@@ -57,8 +57,8 @@ With ``max_staleness: N`` the rollouts come from a generator process drawing at 
 steps ahead of training, with new weights after every step, and PPO's ratio taken to the policy
 that drew them (or TRL's importance-sampling correction, opt-in): asynchronous GRPO on a CPU
 (r1kit.trainers.async_generation). Settings it cannot honour are refused at validate time. On
-GPUs, ``async_engine: trl`` hands the stage to TRL's asynchronous trainer against a vLLM server
-r1kit starts (r1kit.trainers.async_trl); the ``trainer:`` block then holds AsyncGRPOConfig fields.
+GPUs, asynchronous GRPO is a stage kind of its own, ``async_grpo``: TRL's asynchronous trainer
+against a vLLM server (r1kit.stages.async_grpo).
 
 Not here: the reward functions themselves (rewards/), or any loss of r1kit's own: TRL computes it.
 """
@@ -69,17 +69,17 @@ import functools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from r1kit import data as data_lib
 from r1kit import reward_registry, templates
 from r1kit.config import PromptStageConfig
 from r1kit.errors import RecipeError
 from r1kit.execution import tools as tools_lib
-from r1kit.hardware import World
+from r1kit.hardware import Machine
 from r1kit.stages import hooks
 from r1kit.stages.base import StageContext, StageKind, StageResult, check_prompting
-from r1kit.trainers import async_trl, lora
+from r1kit.trainers import lora
 from r1kit.trainers.training import checkpoint_step, last_checkpoint, make_metrics_log, read_metrics, train_and_save, trainer_args
 
 log = logging.getLogger(__name__)
@@ -91,6 +91,9 @@ PAPER_DEFAULTS = {"loss_type": "grpo", "beta": 0.001, "logging_steps": 1}
 
 @dataclass(kw_only=True)
 class GRPOStage(PromptStageConfig, lora.LoraFields, tools_lib.ToolFields):
+    REFUSED: ClassVar[dict[str, str]] = dict.fromkeys(
+        ("async_engine", "server_gpus", "server_options"),
+        "TRL's asynchronous trainer is a stage kind of its own: kind: async_grpo (r1kit.stages.async_grpo)")
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: drop groups whose rewards are all equal and refill the batch."""
     dynamic_sampling_max_rounds: int = 3
@@ -98,19 +101,13 @@ class GRPOStage(PromptStageConfig, lora.LoraFields, tools_lib.ToolFields):
     max_staleness: int | None = None
     """Asynchronous GRPO: rollouts drawn by a generator process at most this many optimizer steps
     ahead of training, the loss corrected for the gap (r1kit.trainers.async_generation); 0 keeps them
-    in step (the synchronous stage's samples). None: generation inside the trainer's step."""
-    async_engine: str = "r1kit"
-    """Who runs asynchronous GRPO: r1kit (a generator process running r1kit's decoding loop, on a
-    CPU) or trl (TRL's AsyncGRPOTrainer against a vLLM server, on GPUs: r1kit.trainers.async_trl)."""
-    server_gpus: list[int] = field(default_factory=list)
-    """async_engine trl: the GPUs r1kit starts the vLLM server on (indices among the visible ones)."""
-    server_options: dict[str, Any] = field(default_factory=dict)
-    """async_engine trl: the vLLM server's flags (``max_model_len: 8192`` -> ``--max-model-len 8192``)."""
+    in step (the synchronous stage's samples). None: generation inside the trainer's step. On
+    GPUs: kind async_grpo."""
     share_prompts: bool = False
     """Score each group's prompt once, not once per completion (r1kit.trainers.shared_prompts): the same
     log-probabilities and gradients up to rounding, fewer tokens through the model."""
     trainer: dict[str, Any] = field(default_factory=dict)
-    """Fields of trl.GRPOConfig (with async_engine trl, of AsyncGRPOConfig), passed through."""
+    """Fields of trl.GRPOConfig, passed through."""
 
 
 def check(stage: GRPOStage) -> None:
@@ -119,11 +116,15 @@ def check(stage: GRPOStage) -> None:
         raise RecipeError(f"{stage.name}.trainer.reward_weights: set weights in the rewards list instead")
     lora.check(stage)
     stage.check_tools(f"{stage.name}.tools")
-    async_trl.check(stage)
     check_async(stage)
     if stage.tools and stage.trainer.get("vllm_importance_sampling_correction"):
         raise RecipeError(f"{stage.name}.trainer.vllm_importance_sampling_correction: not with tools (a rollout's turns carry no "
                           "sampling log-probabilities); leave it out")
+
+
+# GRPOConfig's sampling fields beyond temperature and top-p, with the values that ask for nothing
+# more: r1kit's decoding loop, the generator's, applies none of them (r1kit.trainers.rollouts).
+LOOP_ONLY = {"top_k": (0, None), "min_p": (None, 0, 0.0), "repetition_penalty": (1, 1.0, None), "generation_kwargs": (None, {})}
 
 
 def check_async(stage: GRPOStage) -> None:
@@ -145,20 +146,26 @@ def check_async(stage: GRPOStage) -> None:
                           f"({accumulation}): one generation batch per optimizer step")
     if trainer.get("use_vllm"):
         raise RecipeError(f"{where}: not with trainer.use_vllm (r1kit's generator process draws the rollouts)")
+    for key, neutral in LOOP_ONLY.items():
+        if key in trainer and trainer[key] not in neutral:
+            raise RecipeError(f"{where}: r1kit's generator samples with temperature and top-p only; not with trainer.{key} "
+                              f"{trainer[key]!r} (leave it out, or leave max_staleness out)")
+    if "max_completion_length" in trainer and trainer["max_completion_length"] is None:
+        raise RecipeError(f"{where}: r1kit's generator needs trainer.max_completion_length (a number of tokens), not null")
 
 
-def async_problems(stage: GRPOStage, gpu: bool) -> list[str]:
-    """Asynchronous rollouts where their engine cannot run: r1kit's generator on a GPU (TRL's
-    asynchronous trainer is the engine there) or under a launcher's several processes, TRL's
-    without what it needs (r1kit.trainers.async_trl)."""
-    if stage.max_staleness is not None and stage.async_engine == "r1kit":
-        if gpu:
-            return [f"{stage.name}.max_staleness: r1kit's asynchronous rollouts run on a CPU (r1kit's decoding loop as the "
-                    "generator); on GPUs set async_engine: trl (TRL's asynchronous trainer), or leave max_staleness out"]
-        if (processes := World.from_env().world) > 1:
-            return [f"{stage.name}.max_staleness: r1kit's asynchronous rollouts run on one process, not {processes}; "
-                    "launch one, or leave max_staleness out"]
-    return async_trl.machine_problems(stage, gpu)
+def async_problems(stage: GRPOStage, machine: Machine) -> list[str]:
+    """Asynchronous rollouts where r1kit's generator cannot run: on a GPU (the async_grpo stage,
+    TRL's asynchronous trainer, is the engine there) or under a launcher's several processes."""
+    if stage.max_staleness is None:
+        return []
+    if machine.gpu:
+        return [f"{stage.name}.max_staleness: r1kit's asynchronous rollouts run on a CPU (r1kit's decoding loop as the "
+                "generator); on GPUs use kind: async_grpo (TRL's asynchronous trainer), or leave max_staleness out"]
+    if machine.world.world > 1:
+        return [f"{stage.name}.max_staleness: r1kit's asynchronous rollouts run on one process, not {machine.world.world}; "
+                "launch one, or leave max_staleness out"]
+    return []
 
 
 def prompt_rows(ctx: StageContext, tokenizer):
@@ -187,8 +194,6 @@ def run(ctx: StageContext) -> StageResult:
     rewards = reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards")
     tokenizer = AutoTokenizer.from_pretrained(ctx.model, padding_side="left")
     rows = prompt_rows(ctx, tokenizer)
-    if stage.async_engine == "trl":
-        return run_trl(ctx, rows, rewards, tokenizer)
     args = trainer_args(GRPOConfig, ctx, **trainer_defaults(stage))
     checkpoint = last_checkpoint(ctx)
     metrics_path = ctx.dir / "metrics.jsonl"
@@ -198,6 +203,7 @@ def run(ctx: StageContext) -> StageResult:
         dynamic_sampling_rounds=stage.dynamic_sampling_max_rounds if stage.dynamic_sampling else None,
         tools=stage.load_tools() if stage.tools else None,
         max_staleness=stage.max_staleness,
+        where=f"{ctx.recipe.source}: {stage.name}.",
     )
     trainer = trl_overrides.GRPOTrainer(
         model=ctx.model,  # TRL builds it: float32 master weights, args.model_init_kwargs applied
@@ -222,19 +228,6 @@ def run(ctx: StageContext) -> StageResult:
     metrics = sizes | summarize(read_metrics(metrics_path), rewards) | clock.totals()
     paths = trainer.paths | trl_patches.taken(trainer.accelerator.device)
     return StageResult(model=out, metrics=metrics | {"trainer_paths": paths})
-
-
-def run_trl(ctx: StageContext, rows, rewards, tokenizer) -> StageResult:
-    """The stage on TRL's asynchronous trainer (r1kit.trainers.async_trl)."""
-    checkpoint = last_checkpoint(ctx)
-    metrics_path = ctx.dir / "metrics.jsonl"
-    with async_trl.server(ctx) as url:
-        metrics_log = make_metrics_log(metrics_path, checkpoint_step(checkpoint) if checkpoint else None, ctx.is_main,
-                                       async_trl.grpo_figures(rewards))
-        trainer = async_trl.build(ctx, rows, rewards, tokenizer, url, [metrics_log])
-        out = train_and_save(trainer, ctx)
-    metrics = lora.parameters(trainer.model) | summarize(read_metrics(metrics_path), rewards)
-    return StageResult(model=out, metrics=metrics | {"trainer_paths": {"async_engine": "trl: TRL's AsyncGRPOTrainer"}})
 
 
 class RewardClock:
@@ -295,16 +288,15 @@ def summarize(records: list[dict], rewards) -> dict[str, float]:
 
 
 def summarize_async(records: list[dict]) -> dict[str, float]:
-    """Over the logged steps of an asynchronous stage: staleness (mean, max), the share of samples
-    dropped as too old, the importance ratio's extremes and the share corrected, and the seconds
-    each side waited for the other (summed); on TRL's asynchronous trainer, its staleness and the
-    number of samples it dropped."""
+    """Over the logged steps of an asynchronous stage (``max_staleness``): staleness (mean, max),
+    the share of samples dropped as too old, the importance ratio's extremes and the share
+    corrected, and the seconds each side waited for the other (summed)."""
     def values(key):
         return [r[key] for r in records if key in r]
 
     staleness = values("async/staleness")
     if not staleness:
-        return async_trl.summarize(values)
+        return {}
     out = {"staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness),
            "dropped_share": sum(values("async/dropped_share")) / len(staleness)}
     for key, name, pick in [("async/ratio_min", "ratio_min", min), ("sampling/importance_sampling_ratio/min", "ratio_min", min),
@@ -321,10 +313,7 @@ def trainer_defaults(stage: GRPOStage) -> dict:
     """The paper's GRPO settings and the recipe's reward weights (as the registry reads them);
     no vLLM importance-sampling correction with tools (a rollout's turns carry no sampling
     log-probabilities for it) or asynchronous rollouts (unless the recipe asks: PPO's ratio to the
-    sampling policy is the default); with async_engine trl, TRL's asynchronous trainer's
-    (r1kit.trainers.async_trl.trainer_defaults)."""
-    if stage.async_engine == "trl":
-        return async_trl.trainer_defaults(stage)
+    sampling policy is the default)."""
     rewards = reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards")
     tools = {"vllm_importance_sampling_correction": False} if stage.tools else {}
     # Asynchronous rollouts: PPO's clip to the sampling policy unless the recipe asks for TRL's
@@ -333,19 +322,9 @@ def trainer_defaults(stage: GRPOStage) -> dict:
     return {**PAPER_DEFAULTS, "reward_weights": [r.weight for r in rewards], **tools, **asynchronous, **lora.trainer_defaults(stage)}
 
 
-def trainer_config(stage: GRPOStage) -> type:
-    """The config class the stage's ``trainer:`` block fills: TRL's GRPOConfig, or AsyncGRPOConfig
-    with async_engine trl."""
-    if stage.async_engine == "trl":
-        return async_trl.trl_async().AsyncGRPOConfig
-    from trl import GRPOConfig
-
-    return GRPOConfig
-
-
 STAGE = StageKind(
-    config=GRPOStage, run=run, trainer_config=trainer_config, check=check, trainer_defaults=trainer_defaults,
+    config=GRPOStage, run=run, trainer_config=lambda stage: __import__("trl").GRPOConfig, check=check, trainer_defaults=trainer_defaults,
     data=hooks.data_sections, budgets=hooks.trainer_budgets, bf16=hooks.trainer_bf16, plots_rl=True,
-    machine_problems=lambda stage, gpu: hooks.trainer_problems(stage, gpu) + lora.machine_problems(stage, gpu) + async_problems(stage, gpu),
-    servers=async_trl.server_problems,
+    machine_problems=lambda stage, machine: hooks.trainer_problems(stage, machine) + lora.machine_problems(stage, machine)
+    + async_problems(stage, machine),
 )

@@ -5,7 +5,8 @@ bfloat16. The recipe loader, the pipeline's machine check and r1kit.hardware.pre
 through the stage kind; none of them branches on a kind or looks for a field by name.
 
 - sampling stages (rejection, eval: r1kit.sampling.base.EngineConfig and ``max_tokens``):
-  `sampling_budgets`, `engine_problems`, `engine_bf16`, `server_problems`;
+  `check_engine`, `sampling_budgets`, `engine_problems`, `engine_bf16`, `server_problems`, each
+  asking the backend's record (r1kit.sampling.backends);
 - training stages (a ``trainer:`` block passed to TRL): `trainer_budgets` (grpo's),
   `trainer_problems`, `trainer_bf16`;
 - stages with a ``data:`` section: `data_sections`.
@@ -61,58 +62,46 @@ def trainer_budgets(stage) -> TokenBudgets:
                         "trainer.vllm_max_model_length", trainer.get("vllm_max_model_length"), bool(trainer.get("use_vllm")))
 
 
-def check_engine(stage) -> None:
+def check_engine(stage, prefill: bool = False, tools: bool = False) -> None:
     """A sampling stage's engine settings, as far as they can be checked without asking anything:
-    the served model's (r1kit.sampling.base.Endpoint.problem), and what a chat endpoint cannot do."""
-    problem = stage.endpoint.problem(stage.backend)
-    if problem is None and stage.backend == "endpoint" and stage.endpoint.chat and getattr(stage, "think_prefill", False):
-        problem = "endpoint.chat: the server writes the assistant's turn, so r1kit cannot prefill <think>; set think_prefill: false or chat: false"
-    if problem is None and stage.backend == "endpoint" and stage.endpoint.chat and getattr(stage, "tools", None):
-        problem = "endpoint.chat: tool rollouts continue r1kit's own prompt; use the completions endpoint (chat: false)"
-    if problem:
+    its backend's refusals (r1kit.sampling.backends.settings_problem) of its served-model settings,
+    of a <think> prefill (`prefill`) and of tool rollouts (`tools`), as the stage kind says it asks."""
+    from r1kit.sampling import backends
+
+    if problem := backends.settings_problem(stage.backend, stage.endpoint, prefill, tools):
         raise RecipeError(f"{stage.name}.{problem}")
 
 
-def engine_problems(stage, gpu: bool) -> list[str]:
-    """A sampling stage whose ``backend: vllm`` (or vllm_server) is not installed here, or whose
-    served model's API key variable is not set."""
-    from r1kit.sampling import VLLM_MISSING, vllm_available
+def engine_problems(stage, machine) -> list[str]:
+    """What this machine lacks for a sampling stage's backend (vLLM that imports, a served model's
+    API key variable), as the backend's record says."""
+    from r1kit.sampling import backends, resolve_backend
 
-    if stage.backend in ("vllm", "vllm_server") and not vllm_available():
-        return [f"{stage.name}.backend: {VLLM_MISSING}; or set backend: transformers (auto takes vLLM on a GPU when it is installed)"]
-    if stage.backend == "endpoint":
-        if lacking := stage.endpoint.machine_problem():
-            return [f"{stage.name}.{lacking}"]
-    return []
+    lacking = backends.get(resolve_backend(stage.backend)).machine_problem(stage.endpoint)
+    return [f"{stage.name}.{lacking}"] if lacking else []
 
 
 def server_problems(stage, start=None) -> list[str]:
-    """A sampling stage's served model (``backend: endpoint``) that does not answer, refuses the
-    key or does not serve the named model: every URL is asked which models it serves
-    (r1kit.pipeline.preflight). The served name is the endpoint's or the stage's ``model``, not
-    the starting model `start`."""
-    from r1kit.sampling.endpoint import EndpointError, probe
+    """A sampling stage's served model that does not answer, refuses the key or does not serve the
+    named model, as its backend's record asks (r1kit.pipeline.preflight). The served name is the
+    endpoint's or the stage's ``model``, not the starting model `start`."""
+    from r1kit.sampling import backends
 
-    if stage.backend != "endpoint" or stage.endpoint.machine_problem():
-        return []
-    try:
-        probe(stage.endpoint, stage.endpoint.name or stage.model)
-    except EndpointError as exc:
-        return [f"{stage.name}.endpoint: {exc}"]
-    return []
+    problem = backends.get(stage.backend).server_problem(stage.endpoint, stage.endpoint.name or stage.model)
+    return [f"{stage.name}.{problem}"] if problem else []
 
 
-def trainer_problems(stage, gpu: bool) -> list[str]:
+def trainer_problems(stage, machine) -> list[str]:
     """A training stage asking TRL to generate with vLLM where it cannot."""
-    from r1kit.sampling import vllm_available
-
     if not stage.trainer.get("use_vllm"):
         return []
-    if not gpu:
+    if not machine.gpu:
         return [f"{stage.name}.trainer.use_vllm: TRL generates with vLLM on CUDA GPUs only, and this machine has none; "
                 f"set {stage.name}.trainer.use_vllm=false to generate with transformers"]
-    if not vllm_available():
-        return [f"{stage.name}.trainer.use_vllm: vllm is not installed here (pip install vllm), or set use_vllm: false"]
+    from r1kit.sampling.vllm_backend import vllm_problem
+
+    if lacking := vllm_problem():
+        return [f"{stage.name}.trainer.use_vllm: {lacking}; or set use_vllm: false"]
     return []
 
 
@@ -125,5 +114,4 @@ def trainer_bf16(stage) -> dict[str, bool]:
     """Whether a training stage asks TRL for bfloat16 autocast or weights."""
     trainer = stage.trainer
     return {"trainer.bf16": trainer.get("bf16") is True,
-            "trainer.model_init_kwargs.dtype": str((trainer.get("model_init_kwargs") or {}).get("dtype")) in BF16_NAMES,
-            "trainer.dtype": str(trainer.get("dtype")) in BF16_NAMES}  # AsyncGRPOConfig's (async_engine: trl)
+            "trainer.model_init_kwargs.dtype": str((trainer.get("model_init_kwargs") or {}).get("dtype")) in BF16_NAMES}

@@ -84,9 +84,10 @@ from r1kit import templates
 from r1kit.config import PromptStageConfig, to_dict
 from r1kit.errors import RecipeError
 from r1kit.files import atomic_file
-from r1kit.filters import REASONS, FilterConfig, filter_group
+from r1kit.filters import LOOSEN, REASONS, FilterConfig, filter_group
 from r1kit.sampling.base import Completion, EngineConfig, Sampler, SamplingConfig, SamplingParams
 from r1kit.sampling.jobs import Chunk, Job, Request
+from r1kit.sampling.endpoint import chat_problem
 from r1kit.stages import hooks
 from r1kit.stages.base import StageContext, StageKind, StageResult, check_prompting
 from r1kit.execution.tools import ToolFields
@@ -144,7 +145,9 @@ def check(stage: RejectionStage) -> None:
     from r1kit.text import SCRIPTS
 
     check_prompting(stage, "a rejection stage needs at least one reward to verify samples")
-    hooks.check_engine(stage)
+    hooks.check_engine(stage, prefill=stage.think_prefill, tools=bool(stage.tools))
+    if problem := chat_problem(stage.endpoint, stage.template):
+        raise RecipeError(f"{stage.name}.{problem}")
     stage.check_tools(f"{stage.name}.tools")
     best = reward_registry.best_total(reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards"))
     if best is not None and stage.min_total > best + TOLERANCE:
@@ -323,7 +326,7 @@ def kept_nothing(stage: RejectionStage, drops: dict[str, int]) -> str:
         return f"no prompt's pass rate lies between min_pass_rate {stage.min_pass_rate} and max_pass_rate {stage.max_pass_rate}"
     by = ", ".join(f"{reason} {n}" for reason, n in sorted(drops.items(), key=lambda kv: -kv[1]) if n)
     first = max(drops, key=drops.get)
-    fix = f"min_total {stage.min_total:g}" if first == "failed" else f"the {first} filter (filters:)"
+    fix = f"min_total {stage.min_total:g}" if first == "failed" else f"the {first} filter ({LOOSEN[first]})"
     return f"dropped by {by}; loosen {fix}"
 
 

@@ -126,6 +126,6 @@ def trainer_defaults(stage: SFTStage) -> dict:
 
 STAGE = StageKind(
     config=SFTStage, run=run, trainer_config=lambda stage: __import__("trl").SFTConfig, check=lora.check, trainer_defaults=trainer_defaults,
-    data=hooks.data_sections, machine_problems=lambda stage, gpu: hooks.trainer_problems(stage, gpu) + lora.machine_problems(stage, gpu),
+    data=hooks.data_sections, machine_problems=lambda stage, machine: hooks.trainer_problems(stage, machine) + lora.machine_problems(stage, machine),
     bf16=hooks.trainer_bf16,
 )

@@ -31,7 +31,8 @@ optimizer steps ahead of the trainer, with the trainer's new weights after every
   the adapter's delta added (`plain_weights`), the trainer's model left as it is.
 
 Not here: the loss (TRL's), the rewards (TRL computes them in the trainer's process while the
-generator draws the next batches), GPUs (TRL's own asynchronous trainer, r1kit.trainers.async_trl).
+generator draws the next batches), GPUs (TRL's own asynchronous trainer: the async_grpo stage,
+r1kit.stages.async_grpo).
 """
 
 from __future__ import annotations
@@ -167,9 +168,12 @@ def plain_weights(model) -> dict[str, torch.Tensor]:
 
 def serve(config, buffers, version, lock, requests, results, settings) -> None:
     """The generator process: draws each requested batch once its weights are new enough."""
+    import signal
+
     from r1kit.hardware import die_with
 
     die_with(settings["parent"])  # ends with the trainer, however it ends
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle (one line, no traceback here)
     torch.set_num_threads(settings["threads"])
     try:
         from transformers import AutoModelForCausalLM

@@ -44,9 +44,8 @@ log = logging.getLogger("r1kit")
 DEFAULTS: dict[str, Any] = {"task_type": "CAUSAL_LM", "target_modules": "all-linear"}
 
 
-def check(stage) -> None:
-    """Check a stage's ``peft:`` and ``quantization:`` blocks (names, types and the libraries'
-    own consistency checks); converts them in place."""
+def check_peft(stage) -> None:
+    """Check a stage's ``peft:`` block (names, types and peft's own consistency checks); converts it in place."""
     from r1kit.config import check_trainer_block
 
     if stage.peft is not None:
@@ -57,7 +56,19 @@ def check(stage) -> None:
             lora_config(stage)
         except (ValueError, TypeError) as exc:
             raise RecipeError(f"{stage.name}.peft: {' '.join(str(exc).split())}") from None
+
+
+def check(stage) -> None:
+    """Check a stage's ``peft:`` and ``quantization:`` blocks (names, types and the libraries'
+    own consistency checks); converts them in place. Quantized weights are refused beside TRL's
+    vLLM generation: TRL 1.16 merges the adapter into the 4-bit base and sends vLLM the
+    dequantized weights, which vLLM's loader refuses or rounds (TRL issues 4973 and 3466)."""
+    check_peft(stage)
     if stage.quantization is not None:
+        if stage.trainer.get("use_vllm"):
+            raise RecipeError(f"{stage.name}.quantization: not with trainer.use_vllm: TRL merges the adapter into the 4-bit "
+                              "base and syncs dequantized weights that vLLM refuses (TRL issue 4973); set "
+                              "trainer.use_vllm: false, or train LoRA on full-precision weights")
         if stage.peft is None:
             raise RecipeError(f"{stage.name}.quantization: quantized weights are frozen; add a peft: block to train a LoRA adapter on them")
         if not isinstance(stage.quantization, dict):
@@ -83,13 +94,13 @@ def trainer_defaults(stage) -> dict[str, Any]:
     return {"model_init_kwargs": {"dtype": "auto"}} if stage.peft is not None else {}
 
 
-def machine_problems(stage, gpu: bool) -> list[str]:
+def machine_problems(stage, machine) -> list[str]:
     """A ``quantization:`` block where 4- and 8-bit weights cannot load (no CUDA GPU, or no bitsandbytes)."""
     import importlib.util
 
     if stage.quantization is None:
         return []
-    if not gpu:
+    if not machine.gpu:
         return [f"{stage.name}.quantization: 4- and 8-bit weights (bitsandbytes) need a CUDA GPU, and this machine has none; "
                 "remove the quantization block to train LoRA on full-precision weights"]
     if importlib.util.find_spec("bitsandbytes") is None:
@@ -133,9 +144,9 @@ def parameters(model) -> dict:
     return out | {"trainable_params": sum(n for n, grad in sizes if grad), "total_params": sum(n for n, _ in sizes)}
 
 
-def save_merged(trainer, ctx) -> str:
+def save_merged(trainer, ctx, tokenizer=None) -> str:
     """Save the trained adapter to ``<stage>/adapter`` and the start model with it merged to
-    ``<stage>/model`` (main process); returns the model folder."""
+    ``<stage>/model`` with `tokenizer` (default: the trainer's; main process); returns the model folder."""
     adapter, out = ctx.dir / "adapter", ctx.dir / "model"
     trainer.save_model(str(adapter))
     if ctx.is_main:
@@ -150,7 +161,7 @@ def save_merged(trainer, ctx) -> str:
         with torch.no_grad():
             merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
         merged.save_pretrained(str(out))
-        trainer.processing_class.save_pretrained(str(out))
+        (tokenizer or trainer.processing_class).save_pretrained(str(out))
         log.info("%s: adapter in %s, merged model in %s", ctx.stage.name, adapter, out)
     return str(out)
 

@@ -35,14 +35,21 @@ CPU_DEFAULTS = {
 }
 
 
+def merged(defaults: dict, given: dict) -> dict:
+    """`given` over `defaults`, mapping by mapping: a recipe's ``model_init_kwargs: {revision: x}``
+    keeps r1kit's ``dtype`` default beside it."""
+    out = dict(defaults)
+    for key, value in given.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
 def trainer_fields(stage, recipe, r1kit_defaults: dict) -> tuple[dict, dict]:
     """The fields the trainer library's config gets for `stage`, and the CPU defaults among them:
-    recipe fields first, then the fields r1kit owns and r1kit's defaults, then (no GPU) CPU ones."""
-    fields = dict(stage.trainer)
+    recipe fields over r1kit's defaults (merged deeply, once), the fields r1kit owns, then (no GPU)
+    CPU ones."""
+    fields = merged({"seed": recipe.seed, **r1kit_defaults}, stage.trainer)
     fields["output_dir"] = str(Path(recipe.output_dir) / stage.name / "checkpoints")
-    fields.setdefault("seed", recipe.seed)
-    for key, value in r1kit_defaults.items():
-        fields.setdefault(key, value)
     applied = {k: v for k, v in CPU_DEFAULTS.items() if k not in fields} if not hardware.has_gpu() else {}
     return fields | applied, applied
 
@@ -58,10 +65,16 @@ def trainer_args(config_cls, ctx, **r1kit_defaults):
         log.info("%s: bfloat16 autocast %s: %s (trainer.bf16 overrides)", ctx.stage.name, "on" if fields["bf16"] else "off", why)
     if applied:
         log.info("%s: no GPU found; CPU defaults applied: %s", ctx.stage.name, applied)
+    log.info("%s: trainer fields (the recipe's over r1kit's defaults): %s", ctx.stage.name, fields)
     config = config_cls(**fields)
-    if ctx.is_main:  # exactly what the trainer was given, defaults included
-        write_atomic(ctx.dir / "trainer_config.json", config.to_json_string())
+    record(ctx, config)
     return config
+
+
+def record(ctx, config) -> None:
+    """Write ``<stage>/trainer_config.json``: exactly what the trainer is given, every default included."""
+    if ctx.is_main:
+        write_atomic(ctx.dir / "trainer_config.json", config.to_json_string())
 
 
 def last_checkpoint(ctx) -> str | None:
@@ -86,7 +99,7 @@ def checkpoint_step(checkpoint: str) -> int:
 
 def make_metrics_log(path: Path, resume_step: int | None, is_main: bool, added=lambda record: {}):
     """A TrainerCallback appending each log record, with its step, to `path` (jsonl); `added`
-    returns figures to write beside a record's own (r1kit.trainers.async_trl.grpo_figures).
+    returns figures to write beside a record's own (r1kit.stages.async_grpo.grpo_figures).
 
     On resume, records past the checkpoint's step are dropped first: they will be logged again
     (and a last line that a kill cut short).
@@ -114,8 +127,9 @@ def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in complete_lines(path)[0] if line.strip()]
 
 
-def train_and_save(trainer, ctx) -> str:
-    """Train (resuming from the stage's last checkpoint if any) and save the final model folder."""
+def train_and_save(trainer, ctx, tokenizer=None) -> str:
+    """Train (resuming from the stage's last checkpoint if any) and save the final model folder,
+    with `tokenizer` (default: the trainer's own)."""
     checkpoint = last_checkpoint(ctx)
     if checkpoint:
         log.info("%s: resuming from %s", ctx.stage.name, checkpoint)
@@ -123,9 +137,9 @@ def train_and_save(trainer, ctx) -> str:
     from r1kit.trainers import lora
 
     if lora.enabled(ctx.stage):
-        return lora.save_merged(trainer, ctx)
+        return lora.save_merged(trainer, ctx, tokenizer)
     out = ctx.dir / "model"
     trainer.save_model(str(out))
     if ctx.is_main:
-        trainer.processing_class.save_pretrained(str(out))
+        (tokenizer or trainer.processing_class).save_pretrained(str(out))
     return str(out)

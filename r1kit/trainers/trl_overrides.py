@@ -36,6 +36,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import re
 from dataclasses import dataclass
 
 import trl
@@ -46,6 +47,10 @@ from r1kit.trainers import async_generation, dynamic_sampling, rollouts, shared_
 log = logging.getLogger(__name__)
 
 WRITTEN_AGAINST = "1.16"
+# transformers, whose functions r1kit patches (r1kit.trainers.trl_patches) and whose Trainer methods
+# the trainers inherit: the release written against, and pyproject.toml's range (a test holds it to
+# pyproject's; the range's floor is tested against that release's wheel).
+TRANSFORMERS_WRITTEN_AGAINST, TRANSFORMERS_RANGE = "5.19", "transformers>=5.17"
 # "Class.method": its parameters in the TRL written against (see `params`); the methods r1kit
 # overrides, and TRL's private ones it calls.
 OVERRIDDEN = {
@@ -91,18 +96,38 @@ def _resolve(dotted: str):
     return None
 
 
+def fits(expected: str, found: str) -> bool:
+    """Whether parameters `found` (as `params` writes them) are what r1kit relies on: `expected`
+    exactly, or where it holds ``...``, the parameters before it, any others, then those after it."""
+    lead, dots, tail = expected.partition(", ..., ")
+    if not dots:
+        return found == expected
+    return re.fullmatch(f"{re.escape(lead)}(, .+)?, {re.escape(tail)}", found) is not None
+
+
 def check() -> None:
     """Refuse, in one line, an installed TRL or transformers whose methods or functions that r1kit
-    overrides or patches take other parameters than those it was written against."""
-    targets = {f"trl.{name}": expected for name, expected in OVERRIDDEN.items()} | trl_patches.TARGETS
-    for name, expected in targets.items():
+    overrides or patches take other parameters than those it relies on; the line names the library
+    whose code differs (a method the trainers inherit may be transformers')."""
+    import transformers
+
+    targets = {f"trl.{name}": ("overrides", expected) for name, expected in OVERRIDDEN.items()}
+    targets |= {name: ("patches", expected) for name, expected in trl_patches.TARGETS.items()}
+    for name, (does, expected) in targets.items():
         target = _resolve(name)
+        if target is not None and fits(expected, params(target)):
+            continue
+        library = name.partition(".")[0]
+        if does == "overrides":  # the class that defines the method: TRL's trainer, or a class of transformers it inherits
+            kind, method = name.split(".")[1:]
+            library = next((c.__module__ for c in getattr(trl, kind).__mro__ if method in vars(c)), library).partition(".")[0]
+        title, written, installed, fix = {
+            "trl": ("TRL", WRITTEN_AGAINST, trl.__version__, f"trl~={WRITTEN_AGAINST}.0"),
+            "transformers": ("transformers", TRANSFORMERS_WRITTEN_AGAINST, transformers.__version__, TRANSFORMERS_RANGE),
+        }[library]
         found = "nothing" if target is None else f"({params(target)})"
-        if target is None or found != f"({expected})":
-            raise RecipeError(
-                f"r1kit overrides {name}({expected}), written against TRL {WRITTEN_AGAINST}; the installed TRL "
-                f"{trl.__version__} has {found}: install trl~={WRITTEN_AGAINST}.0 (pyproject.toml's range)"
-            )
+        raise RecipeError(f"r1kit {does} {name}({expected}), written against {title} {written}; the installed {title} "
+                          f"{installed} has {found}: install {fix} (pyproject.toml's range)")
 
 
 def _require(trainer, kind: str) -> None:
@@ -131,6 +156,8 @@ class Features:
     tools: list | None = None
     max_staleness: int | None = None
     """Asynchronous generation at most this many optimizer steps ahead; None: in the trainer's step."""
+    where: str = ""
+    """The recipe file and stage a refusal names (``recipe.yaml: rl.``)."""
 
 
 class GRPOTrainer(trl.GRPOTrainer):
@@ -170,23 +197,24 @@ class GRPOTrainer(trl.GRPOTrainer):
         if features.max_staleness is None:
             self.paths["async_generation"] = "off: not asked"
         else:
-            self._start_generator(features.max_staleness, features.tools)
+            self._start_generator(features.max_staleness, features.tools, features.where)
         log.info("grpo trainer paths: %s", "; ".join(f"{k} {v}" for k, v in self.paths.items()))
 
     def _path(self, name: str, asked: bool, refusal: str | None) -> bool:
         self.paths[name] = "off: not asked" if not asked else f"off: {refusal}" if refusal else "on"
         return self.paths[name] == "on"
 
-    def _start_generator(self, max_staleness: int, tools: list | None) -> None:
+    def _start_generator(self, max_staleness: int, tools: list | None, where: str) -> None:
         import torch
         from transformers import TrainerCallback
 
-        if self.loop is None:
-            raise RecipeError(f"max_staleness: asynchronous generation runs r1kit's decoding loop, which cannot stand in "
-                              f"here ({self.paths['r1kit_decoding_loop'].removeprefix('off: ')})")
+        if self.loop is None:  # what the recipe asks is refused at validate time (r1kit.stages.grpo.check_async): the model's own
+            raise RecipeError(f"{where}max_staleness: asynchronous generation runs r1kit's decoding loop, which cannot stand in "
+                              f"here ({self.paths['r1kit_decoding_loop'].removeprefix('off: ')}, from the model's generation "
+                              "config or the trainer's); leave max_staleness out")
         if self.accelerator.num_processes > 1:
-            raise RecipeError(f"max_staleness: asynchronous generation runs on one process, not {self.accelerator.num_processes}; "
-                              "launch one, or leave max_staleness out")
+            raise RecipeError(f"{where}max_staleness: asynchronous generation runs on one process, not "
+                              f"{self.accelerator.num_processes}; launch one, or leave max_staleness out")
         threads, left = async_generation.split_cores()
         torch.set_num_threads(left)
         model = self.accelerator.unwrap_model(self.model)

@@ -1,7 +1,8 @@
 """The module-level functions of TRL and transformers that r1kit replaces while a trainer trains,
 one context manager per target, each undone on the way out. Written against TRL 1.16 and
-transformers 5.19; `TARGETS` holds each target's parameters as written against, and
-r1kit.trainers.trl_overrides.check refuses to start a stage where the installed libraries differ.
+transformers 5.19; `TARGETS` holds the parameters of each target that r1kit relies on, and
+r1kit.trainers.trl_overrides.check refuses to start a stage where the installed libraries differ
+(transformers from 5.17 on: tests/test_trl_overrides.py checks 5.17's wheel).
 
 - `log_probs_on_cpu()`: TRL's fused LM head (``trl.trainer.utils``: ``_use_triton`` and
   ``_ChunkedLogProbFunction``) scores completion positions only, through
@@ -21,13 +22,14 @@ from __future__ import annotations
 
 import contextlib
 
-# "module.name": the target's parameters as written against (r1kit.trainers.trl_overrides.params).
+# "module.name": the target's parameters as written against (r1kit.trainers.trl_overrides.params);
+# ``...`` stands for any parameters r1kit does not rely on. SDPA's are passed through by keyword
+# whatever they are (5.19 added ``cache``), so only its leading ones and ``**kwargs`` count.
 TARGETS = {
     "trl.trainer.utils._use_triton": "device",
     "trl.trainer.utils._ChunkedLogProbFunction.forward": "ctx, hidden, weight, bias, targets, temperature, chunk_size, "
     "final_logit_softcapping=None, logit_scale=1.0, outputs=('entropy', 'log_sum_sq_probs', 'mean_logits', 'is_top1')",
-    "transformers.integrations.sdpa_attention.sdpa_attention_forward": "module, query, key, value, attention_mask, dropout=0.0, "
-    "scaling=None, is_causal=None, position_bias=None, cache=None, **kwargs",
+    "transformers.integrations.sdpa_attention.sdpa_attention_forward": "module, query, key, value, attention_mask, ..., **kwargs",
 }
 
 
