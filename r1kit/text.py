@@ -59,13 +59,25 @@ def _boxes(text: str) -> list[tuple[int, int, int]]:
     return [(cmd, brace, close[brace]) for cmd, brace in starts if brace in close]
 
 
-def math_spans(text: str) -> list[tuple[int, int]]:
-    """(start, end) of the content of every outermost complete box of `text`; without boxes, of
-    every ``$…$`` (``$$…$$``, ``\\(…\\)``, ``\\[…\\]``) formula; without either, all of it."""
+def _outer_boxes(text: str) -> list[tuple[int, int]]:
+    """(start, end) of the content of every outermost complete box of `text`."""
     spans: list[tuple[int, int]] = []
     for _, brace, close in _boxes(text):
         if not spans or brace > spans[-1][1]:  # a box inside the previous one is part of it
             spans.append((brace + 1, close))
+    return spans
+
+
+def boxed(text: str) -> list[str]:
+    """The content of every outermost complete ``\\boxed{…}``/``\\fbox{…}`` of `text`, in order,
+    braces nested to any depth."""
+    return [text[start:end] for start, end in _outer_boxes(text)]
+
+
+def math_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of the content of every outermost complete box of `text`; without boxes, of
+    every ``$…$`` (``$$…$$``, ``\\(…\\)``, ``\\[…\\]``) formula; without either, all of it."""
+    spans = _outer_boxes(text)
     if not spans:
         spans = [m.span(next(i for i in range(1, 5) if m.group(i) is not None)) for m in _FORMULA.finditer(text)]
     return spans or [(0, len(text))]

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from multiprocessing.connection import Connection, wait as wait_for_messages
 
+from r1kit.hardware import cores
 from r1kit.text import BRACE, math_spans
 
 logger = logging.getLogger(__name__)
@@ -170,7 +171,7 @@ _CTX = multiprocessing.get_context("forkserver")
 # Workers fork from a server that has already imported SymPy and math-verify: a replacement
 # for a killed worker starts in milliseconds instead of seconds.
 _CTX.set_forkserver_preload(["math_verify", "r1kit.rewards.math_pool"])
-MAX_WORKERS = max(1, min(len(os.sched_getaffinity(0)), 16))
+MAX_WORKERS = max(1, min(cores(), 16))
 _START_TIMEOUT = 120.0  # a worker that cannot start in this time is a broken install, not a slow item
 _LOCK = threading.Lock()
 _POOL: list[_Worker] = []

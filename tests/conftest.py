@@ -5,12 +5,28 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
 import yaml
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def interruptible() -> None:
+    """A child's ``preexec_fn`` for the Ctrl-C tests: SIGINT back to its default. A shell without job
+    control starts background commands (a CI run among them) with SIGINT ignored, their children
+    inherit that, and Python then installs no KeyboardInterrupt handler: Ctrl-C would do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.fixture
+def ctrl_c_reaches_python():
+    """SIGINT raises KeyboardInterrupt in this process while the test runs (see `interruptible`)."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import interruptible
 import torch
 
 from r1kit import pipeline
@@ -270,11 +271,15 @@ def test_ctrl_c_mid_stage_is_one_line_and_leaves_no_generator(write_recipe, cold
     path = recipe(write_recipe, cold_start, tmp_path / "run", max_staleness=1, trainer={"max_steps": 5, "save_steps": 2})
     with open(tmp_path / "run.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "r1kit.cli", "run", str(path)], stdout=log, stderr=log, start_new_session=True,
-                                env=hold.env(step=2, output_dir=tmp_path / "run" / "rl" / "checkpoints"))
-        pids = hold.wait(proc)
-        children = [int(c) for c in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
-        os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C: the whole foreground group
-        assert proc.wait(120) == 130
+                                env=hold.env(step=2, output_dir=tmp_path / "run" / "rl" / "checkpoints"), preexec_fn=interruptible)
+        try:
+            pids = hold.wait(proc)
+            children = [int(c) for c in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+            os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C: the whole foreground group
+            assert proc.wait(120) == 130
+        finally:  # a failed test leaves nothing running
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
     wait_gone(pids + children)
     said = (tmp_path / "run.log").read_text()
     assert said.rstrip().endswith("r1kit: interrupted; run the same command again to resume from what finished")

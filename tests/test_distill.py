@@ -99,9 +99,11 @@ def test_teacher_with_another_tokenizer_is_refused_before_any_model_loads(write_
     loaded = []
     monkeypatch.setattr("r1kit.trainers.trl_overrides.DistillationTrainer", lambda *a, **k: loaded.append(a))  # where the models would load
     path = recipe(write_recipe, distill_stage(teacher=str(other)))
-    assert main(["run", str(path)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("r1kit: error: distill: the teacher") and "have different tokenizers" in err
+    for command in ("validate", "run"):  # both known before the run (a folder, a tiny model's): refused when the recipe is read
+        assert main([command, str(path)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err.startswith(f"r1kit: error: {path}: distill.teacher: the teacher {other} and the student tiny:student (built) "
+                              "have different tokenizers"), err
     assert loaded == [] and not (tmp_path / "run" / "distill" / "checkpoints").exists()
 
 
@@ -175,12 +177,18 @@ def test_tiny_models_are_checked_and_rebuilt_when_changed(write_recipe, tmp_path
     assert json.loads((Path(resolve("tiny:student", rec)) / "config.json").read_text())["num_hidden_layers"] == 2
 
 
-def test_a_stage_that_failed_before_any_work_runs_after_the_fix_with_no_flag(write_recipe, tmp_path, capsys):
-    """A distill stage refused at its start (a teacher with another tokenizer) leaves nothing to
+def test_a_stage_that_failed_before_any_work_runs_after_the_fix_with_no_flag(write_recipe, tmp_path, capsys, monkeypatch):
+    """A distill stage refused at its start (a teacher with another tokenizer, known only then, as
+    a hub model's is: the check when the recipe is read is switched off here) leaves nothing to
     resume: once the recipe names a fitting teacher, the same command runs it, no --restart-from."""
+    import dataclasses
+
     from transformers import AutoTokenizer
 
     from r1kit.offline.tiny import build_tiny_model
+    from r1kit.stages import distill
+
+    monkeypatch.setattr(distill, "STAGE", dataclasses.replace(distill.STAGE, local_check=None))
 
     other = build_tiny_model(tmp_path / "other")
     tokenizer = AutoTokenizer.from_pretrained(other)

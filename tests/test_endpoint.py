@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from conftest import gone
+from conftest import gone, interruptible
 from fake_openai import FakeServer, Gauge, completion
 from r1kit.sampling import backends, endpoint
 from r1kit.sampling.base import Completion, Endpoint, SamplingParams
@@ -331,7 +331,7 @@ def test_ctrl_c_mid_eval_is_one_line_and_the_rerun_resumes(script_server, tiny_m
     out, problems = tmp_path / "eval", 12
     args = eval_args(script_server.url, out, tiny_model, problems=problems)
     with open(tmp_path / "run.log", "w") as log:
-        run = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=log)
+        run = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=log, preexec_fn=interruptible)
         try:
             deadline = time.monotonic() + 120
             while len(journaled(out / "journal.jsonl")) < 3:
@@ -596,7 +596,7 @@ def test_a_served_eval_logs_its_progress_not_a_line_per_problem(server, tiny_mod
     assert not [r for r in caplog.records if "sampled" in r.getMessage()], caplog.text
 
 
-def test_ctrl_c_during_a_request_returns_at_once(server, make_sampler):
+def test_ctrl_c_during_a_request_returns_at_once(server, make_sampler, ctrl_c_reaches_python):
     """Point 3: Ctrl-C waited for the requests in flight (a long sample, or a minute of back-off)."""
     server.slow, server.faults = 5.0, ["slow"]
     sampler = make_sampler(server)

@@ -65,9 +65,9 @@ def test_a_lora_grpo_stage_raises_its_reward_and_trains_only_the_adapter(write_r
     trained = {}
     save = r1kit.trainers.lora.save_merged
 
-    def keep(trainer, ctx):  # what training left in the model, before anything is merged
+    def keep(trainer, ctx, tokenizer=None):  # what training left in the model, before anything is merged
         trained.update({k: v.detach().clone() for k, v in trainer.model.named_parameters()})
-        return save(trainer, ctx)
+        return save(trainer, ctx, tokenizer)
 
     monkeypatch.setattr(r1kit.trainers.lora, "save_merged", keep)
     # As the full-weight test in test_grpo.py, at a LoRA learning rate (6x the full one): the rise

@@ -57,8 +57,10 @@ def test_validate_refuses_a_teacher_with_another_tokenizer_as_the_docs_say(tmp_p
     err = capsys.readouterr().err
     assert "d.teacher: the teacher" in err and "have different tokenizers" in err and err.count("\n") == 1
     assert main(["validate", write(tmp_path, [{**distill, "teacher": str(student)}], model=str(student))]) == 0
-    after_sft = [{**SFT, "trainer": {"max_steps": 1}}, distill]  # the student is the sft stage's model: not written yet, not checked
-    assert main(["validate", write(tmp_path, after_sft, model=str(student))]) == 0
+    # the student is the sft stage's model, not written yet: training keeps the tokenizer it started with, checked as well
+    after_sft = [{**SFT, "trainer": {"max_steps": 1}}, distill]
+    assert main(["validate", write(tmp_path, after_sft, model=str(student))]) == 2
+    assert "d.teacher: the teacher" in capsys.readouterr().err
 
 
 def test_validate_says_nothing_of_triton():

@@ -95,7 +95,7 @@ def test_a_model_without_an_end_token_of_its_own_ends_samples_at_the_tokenizers(
 
 
 def test_unknown_backend_is_refused(trained):
-    with pytest.raises(ValueError, match="backend must be one of auto, vllm, transformers"):
+    with pytest.raises(ValueError, match="backend must be one of auto, endpoint, transformers, vllm, vllm_server, got .jax."):
         load_sampler(str(trained), backend="jax")
 
 

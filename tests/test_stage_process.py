@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import interruptible
 
 from r1kit.cli import main
 
@@ -117,10 +118,15 @@ def test_ctrl_c_is_one_line_from_the_pipeline_and_none_from_the_stage(write_reci
     path = write_recipe({"model": str(tiny_model), "stages": [sft]})
     env = {**hold.env(step=2, output_dir=tmp_path / "run" / "sft" / "checkpoints"), "R1KIT_STAGE_PROCESS": "1"}
     with open(tmp_path / "run.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "r1kit.cli", "run", str(path)], env=env, stdout=log, stderr=log, start_new_session=True)
-        held = hold.wait(proc)
-        os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C: the whole foreground group
-        assert proc.wait(120) == 130
+        proc = subprocess.Popen([sys.executable, "-m", "r1kit.cli", "run", str(path)], env=env, stdout=log, stderr=log, start_new_session=True,
+                                preexec_fn=interruptible)
+        try:
+            held = hold.wait(proc)
+            os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C: the whole foreground group
+            assert proc.wait(120) == 130
+        finally:  # a failed test leaves nothing running
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
     wait_gone(held)
     said = (tmp_path / "run.log").read_text()
     assert said.rstrip().endswith("r1kit: interrupted; run the same command again to resume from what finished")

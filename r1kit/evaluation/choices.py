@@ -24,9 +24,11 @@ tool's ``output`` block. In it, the first reader that finds something decides:
    B``) before any ``the answer is C`` / ``the correct option is C``;
 3. the whole span, when it is only a choice (``C``, ``(C)``, ``C) 42 kJ``).
 
-What such a reader found is a letter when it is one alone or in parentheses; else a choice when
-it is exactly one choice's text (spacing, case and a final period aside), even a text that starts
-like a letter (GPQA's ``A = benzoquinone, B = methyl 2-hydroxypropanoate`` is one choice's text,
+What such a reader found is the choice whose text it is to the letter, case included (GPQA's
+items ``c``, ``a``, ``b``, ``d`` as choices: ``c`` is the item, not the letter C); else a letter
+when it is one alone or in parentheses; else a choice when it is exactly one choice's text
+(spacing, case and a final period aside; after ``Answer:``, over as many lines as the text takes),
+even a text that starts like a letter (GPQA's ``A = benzoquinone, B = methyl 2-hydroxypropanoate`` is one choice's text,
 not the letter A); else a letter followed (in a statement) by anything but another choice joined
 to it, or (in the whole span) only by that choice's own text. Where case alone tells two choices
 apart (``kT`` and ``KT``), the text in the same case names one. A letter followed by exactly
@@ -45,7 +47,7 @@ from __future__ import annotations
 import random
 import re
 
-from r1kit.text import without_tool_outputs
+from r1kit.text import boxed, without_tool_outputs
 
 LETTERS = "ABCDEFGHIJ"
 
@@ -55,7 +57,6 @@ INSTRUCTION = (
     "where LETTER is one of {letters}."
 )
 
-_BOXES = re.compile(r"\\(?:boxed|fbox)\s*\{((?:[^{}]|\{[^{}]*\})*)\}")
 _MARKUP = re.compile(r"\*\*|__|\$|\\[()\[\]]|\\(?:text|textbf|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
 # "Answer: C", "Final answer - C": a statement with a colon (or dash) wins over a later "... is C".
 _COLON = re.compile(r"\b(?:answer|option|choice)\b\s*[:=-]\s*([^\n]+)", re.IGNORECASE)
@@ -114,6 +115,9 @@ def _choice_in(found: str, choices: list[str], statement: bool = True) -> str | 
     found = _plain(found)
     if statement:
         found = _LEAD_IN.sub("", found).strip()
+    exact = [i for i, choice in enumerate(choices) if " ".join(_plain(choice).split()) == " ".join(found.split())]
+    if len(exact) == 1:  # a choice's text to the letter, case included: "c" where the choices are items a-d
+        return letters[exact[0]]
     lone = _LONE_LETTER.fullmatch(found)
     if lone and lone.group(1).upper() in letters:
         return lone.group(1).upper()
@@ -156,14 +160,15 @@ def answer_letter(completion: str, choices: list[str], prefilled: bool = False) 
     span = final_span(completion, prefilled)
     if span is None:
         return None
-    boxes = _BOXES.findall(span)
+    boxes = boxed(span)
     if boxes:
         named = {_choice_in(box, choices) for box in boxes}
         return named.pop() if len(named) == 1 else None  # boxes that name different letters hedge
     plain = _plain(span)
     statements = list(_COLON.finditer(plain)) or list(_IS.finditer(plain))
-    if statements:
-        return _choice_in(statements[-1].group(1), choices)
+    if statements:  # the rest of the span may be a whole choice's text over several lines (a list of reagents)
+        last = statements[-1]
+        return _named_by_text(plain[last.start(1):], choices) or _choice_in(last.group(1), choices)
     return _choice_in(span, choices, statement=False)
 
 

@@ -2,7 +2,7 @@
 r1kit takes to train and sample fast on a CPU (r1kit.hardware.cpu) and when it chooses bfloat16
 there (r1kit.hardware.precision).
 
-- `has_gpu()`: whether this machine has a CUDA GPU.
+- `has_gpu()`: whether this machine has a CUDA GPU; `cores()`: the CPU cores this process may use.
 - `World`: this process's rank among the run's processes and its node's, read from the
   launcher's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, as
   accelerate and torchrun set them) once, at a command's entry, and handed to what needs it.
@@ -32,6 +32,11 @@ def has_gpu() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def cores() -> int:
+    """The CPU cores this process may run on (its affinity, where the system keeps one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 @dataclass(frozen=True)

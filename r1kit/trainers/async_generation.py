@@ -47,6 +47,8 @@ from dataclasses import dataclass
 
 import torch
 
+from r1kit import hardware
+
 log = logging.getLogger(__name__)
 
 
@@ -75,7 +77,7 @@ class Drawn:
 
 def split_cores(cores: int | None = None) -> tuple[int, int]:
     """(generator's threads, trainer's threads): half each, the generator at least one."""
-    cores = cores or len(os.sched_getaffinity(0))
+    cores = cores or hardware.cores()
     generator = max(1, cores // 2)
     return generator, max(1, cores - generator)
 
