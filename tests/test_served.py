@@ -176,3 +176,34 @@ def test_servers_that_r1kit_starts_end_with_its_run_and_when_it_is_killed(tmp_pa
     while server_pids(model):
         assert time.monotonic() < deadline, f"still running after r1kit was killed: {server_pids(model)}"
         time.sleep(0.5)
+
+
+def test_ctrl_c_while_r1kit_samples_its_own_servers_is_one_line_and_stops_them(tmp_path, model):
+    """Issue 66, point 3: Ctrl-C during sampling from servers r1kit started printed a long traceback.
+    Now: one line, exit 130, the servers stopped, and no math worker complains of a broken pipe."""
+    import shutil
+
+    from conftest import interruptible
+
+    model = shutil.copytree(model, tmp_path / "model")  # its own path: its servers are found apart from the module's
+    bench = ["--benchmark", "task:addition", "--task-arg", "n=5000", "--samples", "2", "--max-tokens", "16", "--template", "plain",
+             "--model", str(model), "--backend", "vllm_server", "--output", str(tmp_path / "eval")]
+    run = cli("eval", *bench, start_new_session=True, preexec_fn=interruptible)
+    try:
+        deadline = time.monotonic() + 600
+        while not (tmp_path / "eval" / "journal.jsonl").is_file():  # the server answers: r1kit is sampling and scoring
+            assert run.poll() is None and time.monotonic() < deadline, run.stdout.read()
+            time.sleep(0.5)
+        time.sleep(2)
+        os.killpg(run.pid, signal.SIGINT)  # as Ctrl-C: the whole foreground group (the servers run in sessions of their own)
+        out, _ = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert run.returncode == 130, out
+    assert out.rstrip().splitlines()[-1] == "r1kit: interrupted; run the same command again to resume from what finished"
+    assert "Traceback" not in out and "BrokenPipeError" not in out and "KeyboardInterrupt" not in out, out
+    deadline = time.monotonic() + 60
+    while server_pids(model):
+        assert time.monotonic() < deadline, f"still running after Ctrl-C: {server_pids(model)}"
+        time.sleep(0.5)
