@@ -1,7 +1,8 @@
-"""The endpoint backend (r1kit.sampling.endpoint) and the servers r1kit starts (r1kit.sampling.serve),
-against tests/fake_openai.py: retries that change no sample, one-line errors that leave no output
-folder, a key written nowhere, a SIGKILLed ``r1kit eval`` that resumes without asking twice, chat
-mode, the concurrency bound, and servers that never outlive r1kit. No vLLM, no GPU."""
+"""The endpoint backend (r1kit.sampling.endpoint) against tests/fake_openai.py: retries that change
+no sample, one-line errors that leave no output folder, a key written nowhere, a SIGKILLed or
+interrupted ``r1kit eval`` that resumes without asking twice, chat mode, the concurrency bound, and
+what a served run records, refuses and says. The servers r1kit starts: tests/test_serve.py. No
+vLLM, no GPU."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -21,12 +21,12 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from conftest import gone, interruptible
+from conftest import interruptible
 from fake_openai import FakeServer, Gauge, completion
 from r1kit.sampling import backends, endpoint
 from r1kit.sampling.base import Completion, Endpoint, SamplingParams
 from r1kit.sampling.endpoint import ChatTurns, EndpointError, EndpointSampler
-from r1kit.sampling.serve import Servers, free_port
+from r1kit.sampling.serve import free_port
 
 HERE = Path(__file__).parent
 ROOT, FAKE = HERE.parent, str(HERE / "fake_openai.py")
@@ -396,212 +396,3 @@ def test_concurrency_bounds_requests_in_flight_over_all_servers(make_sampler):
             list(pool.map(lambda k: sampler.generate_full(prompts[k::3], 1, PARAMS), range(3)))
         assert gauge.peak == 3 and len(a.requests) + len(b.requests) == 12
         assert a.requests and b.requests  # spread over both servers
-
-
-# -- servers r1kit starts --------------------------------------------------------------------
-
-
-@pytest.fixture
-def gone_soon(wait_gone):
-    """`wait_gone`, then SIGKILL whatever of `pids` a failed check left running (no test leaves a process)."""
-
-    def wait(pids, limit_s: float) -> None:
-        try:
-            wait_gone(pids, limit_s=limit_s)
-        finally:
-            for pid in pids:
-                if not gone(pid):
-                    os.kill(pid, signal.SIGKILL)
-
-    return wait
-
-
-def child_of(log: Path) -> int:
-    return int(re.search(r"fake_openai: child (\d+)", log.read_text()).group(1))
-
-
-def test_started_server_answers_and_stop_leaves_no_process(tiny_model, tmp_path, make_sampler, tokenizer, gone_soon):
-    # --keep-child: the server leaves its child behind when it exits, so only a signal to its process group ends it
-    servers = Servers(str(tiny_model), {"max_model_len": 64, "keep_child": True}, tmp_path, start_timeout=30, command=[sys.executable, FAKE])
-    servers.start()
-    try:
-        pids = [p.pid for p in servers.processes] + [child_of(tmp_path / f"server{i}.log") for i in range(len(servers.processes))]
-        assert servers.urls and not any(map(gone, pids))
-        argv = (tmp_path / "server0.log").read_text()
-        assert "'--served-model-name', 'r1kit'" in argv and f"'--model', '{tiny_model}'" in argv
-        assert "'--max-model-len', '64'" in argv and "'--keep-child'" in argv
-        sampler = EndpointSampler(str(tiny_model), Endpoint(url=servers.urls, name=servers.name), tokenizer=tokenizer)
-        try:
-            assert len(sampler.generate(PROMPTS, 2, PARAMS)[2]) == 2
-        finally:
-            sampler.close()
-    finally:
-        servers.stop()
-    assert servers.processes == [] and servers.urls == []
-    gone_soon(pids, limit_s=10)
-
-
-def test_a_server_that_exits_at_once_is_an_error_quoting_its_log(tmp_path):
-    code = "import sys; print('fake: CUDA out of memory'); sys.exit(3)"
-    servers = Servers("m", {}, tmp_path, start_timeout=30, command=[sys.executable, "-c", code])
-    with pytest.raises(EndpointError) as error:
-        servers.start()
-    message = str(error.value)
-    assert "\n" not in message and "server 0 exited with status 3: fake: CUDA out of memory" in message and "server0.log" in message
-    assert servers.processes == []
-
-
-def test_a_server_that_never_answers_is_stopped(tmp_path, gone_soon):
-    code = "import os, time; print('loading', os.getpid(), flush=True); time.sleep(600)"
-    servers = Servers("m", {}, tmp_path, start_timeout=2, command=[sys.executable, "-c", code])
-    with pytest.raises(EndpointError, match=r"server 0 did not answer /health in 2 s \(endpoint.start_timeout\): loading \d+"):
-        servers.start()
-    gone_soon([int((tmp_path / "server0.log").read_text().split()[1])], limit_s=10)
-
-
-STARTER = """
-import sys, time
-from r1kit.sampling.serve import Servers
-servers = Servers(sys.argv[1], {}, sys.argv[2], 30, command=[sys.executable, sys.argv[3]]).start()
-print(servers.processes[0].pid, flush=True)
-time.sleep(600)
-"""
-
-
-def test_a_killed_starter_leaves_no_server(tiny_model, tmp_path, gone_soon):
-    starter = subprocess.Popen([sys.executable, "-c", STARTER, str(tiny_model), str(tmp_path), FAKE], cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    try:
-        server = int(starter.stdout.readline())
-        pids = [server, child_of(tmp_path / "server0.log")]
-        assert not any(map(gone, pids))
-    finally:
-        starter.send_signal(signal.SIGKILL)
-        starter.wait()
-    gone_soon(pids, limit_s=20)
-
-
-# -- issue 66: what a served run records, refuses and says -----------------------------------
-
-
-def served_eval(server, tiny_model, out: Path, *extra: str, problems: int = 3) -> list[str]:
-    return ["eval", "--benchmark", "task:addition", "--task-arg", f"n={problems}", "--endpoint", server.url, "--served-model", "tiny",
-            "--model", str(tiny_model), "--output", str(out), "--samples", "2", "--max-tokens", "16", "--template", "plain", *extra]
-
-
-def test_a_folder_resumes_only_under_the_sampling_settings_that_made_it(server, tiny_model, tmp_path, capsys):
-    """Point 1: a folder made with --chat was reused, silently, without it."""
-    from r1kit.cli import main
-
-    out = tmp_path / "eval"
-    assert main(served_eval(server, tiny_model, out, "--chat")) == 0
-    settings, summary = (json.loads((out / name).read_text()) for name in ("settings.json", "summary.json"))
-    assert (settings["backend"], settings["served_model"], settings["chat"]) == ("endpoint", "tiny", True)
-    assert (summary["backend"], summary["chat"], summary["endpoint"]) == ("endpoint", True, [server.url])
-    assert f"endpoint backend serving tiny at {server.url}, chat messages" in capsys.readouterr().out  # point 4
-    asked = len(server.requests)
-    for extra, changed in [([], "chat"), (["--chat", "--answer-fallback", "last_number"], "answer_fallback"),
-                           (["--chat", "--served-model", "other"], "served_model")]:
-        assert main(served_eval(server, tiny_model, out, *extra)) == 2
-        assert f"holds an evaluation with other settings (changed: {changed})" in capsys.readouterr().err
-    local = ["eval", "--benchmark", "task:addition", "--task-arg", "n=3", "--model", str(tiny_model), "--output", str(out),
-             "--samples", "2", "--max-tokens", "16", "--template", "plain", "--backend", "transformers"]
-    assert main(local) == 2
-    assert "(changed: backend, chat, served_model)" in capsys.readouterr().err
-    assert len(server.requests) == asked
-    assert main(served_eval(server, tiny_model, out, "--chat")) == 0  # the same settings: nothing left to ask
-    assert len(server.requests) == asked
-
-
-def test_chat_with_a_template_the_server_would_wrap_again_is_refused(server, tiny_model, tmp_path, capsys):
-    """Point 7: --chat sent the whole R1-Zero prompt as the user message."""
-    from r1kit.cli import main
-
-    out = tmp_path / "eval"
-    args = [a for a in served_eval(server, tiny_model, out, "--chat") if a not in ("--template", "plain")]
-    assert main(args) == 2
-    err = capsys.readouterr().err
-    assert "endpoint.chat: the server wraps the user message in its own chat template, so template r1_zero's prompt" in err
-    assert err.count("\n") == 1 and not server.requests and not out.exists()
-    assert main([*args, "--template", "chat"]) == 0
-    (first, *_) = server.requests
-    assert first["prompt"][0]["content"].startswith("What is") and "Assistant:" not in first["prompt"][0]["content"]
-
-
-def test_no_two_samples_share_a_stream(server, make_sampler, tiny_model, tmp_path):
-    """Point 11: vLLM draws sample j of a request from seed + j, and problem i's request was seeded
-    seed + i, so sample j of problem i drew what sample j - 1 of problem i + 1 drew."""
-    from r1kit.cli import main
-
-    assert main(served_eval(server, tiny_model, tmp_path / "eval", "--samples", "4", problems=5)) == 0
-    make_sampler(server).generate_full(PROMPTS, 3, PARAMS)  # a call of several prompts (a rejection stage's chunk)
-    for requests in (server.requests[:5], server.requests[5:]):
-        streams = [r["seed"] + j for r in requests for j in range(r["n"])]
-        assert len(streams) == sum(r["n"] for r in requests) and len(set(streams)) == len(streams)
-
-
-def test_a_prompt_past_the_served_context_stops_the_run_in_one_line(server, make_sampler, tokenizer):
-    """Point 5: vLLM cut completions short in silence when prompt plus max_tokens passed max_model_len."""
-    ids = tokenizer(PROMPTS[0], add_special_tokens=False)["input_ids"]
-    server.max_model_len = len(ids) + PARAMS.max_tokens - 1
-    with pytest.raises(EndpointError, match=rf"a prompt of {len(ids)} tokens plus max_tokens 8 passes the served context of "
-                                            rf"{server.max_model_len} tokens \(max_model_len\).*lower max_tokens"):
-        make_sampler(server).generate_full(PROMPTS[:1], 2, PARAMS)
-    assert not server.requests  # refused before asking
-    with pytest.raises(EndpointError, match=r"passes the served context"):  # chat: the server renders the prompt, so its first reply tells
-        make_sampler(server, chat=True).generate_full(["one two three four five six seven eight nine ten eleven twelve"], 1, PARAMS)
-    server.max_model_len = len(ids) + PARAMS.max_tokens
-    assert len(make_sampler(server).generate_full(PROMPTS[:1], 2, PARAMS)[0]) == 2
-
-
-def test_closing_ends_a_backoff_wait_at_once(server, make_sampler, monkeypatch, caplog):
-    """Point 3: a retry's back-off sleep delayed Ctrl-C by up to a minute."""
-    monkeypatch.setattr(endpoint, "MAX_WAIT", 60.0)
-    server.retry_after, server.faults = "60", ["429"]
-    sampler = make_sampler(server, retries=2)
-    failed = []
-    worker = threading.Thread(target=lambda: failed.append(pytest.raises(EndpointError, sampler.generate_full, PROMPTS[:1], 1, PARAMS)))
-    worker.start()
-    deadline = time.monotonic() + 10
-    while not server.requests and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.2)  # into the 60 s wait
-    sampler.close()
-    worker.join(5)
-    assert not worker.is_alive() and "the client was closed" in str(failed[0].value)
-
-
-def test_a_request_cut_by_closing_announces_no_retry(server, make_sampler, caplog):
-    """Point 13: after an HTTP 400 ended the job, the closed client's other request logged
-    'connection dropped: [Errno 9] Bad file descriptor; retry 1 of 8'."""
-    server.slow, server.faults = 2.0, ["slow"]
-    sampler = make_sampler(server)
-    worker = threading.Thread(target=lambda: pytest.raises(EndpointError, sampler.generate_full, PROMPTS[:1], 1, PARAMS))
-    worker.start()
-    deadline = time.monotonic() + 10
-    while not server.requests and time.monotonic() < deadline:
-        time.sleep(0.01)
-    with caplog.at_level("WARNING", logger="r1kit"):
-        sampler.close()
-        worker.join(10)
-    assert not worker.is_alive() and "retry" not in caplog.text
-
-
-def test_a_served_eval_logs_its_progress_not_a_line_per_problem(server, tiny_model, tmp_path, caplog):
-    """Point 13: an endpoint eval logged a line per problem beside the documented 10-second line."""
-    from r1kit.cli import main
-
-    with caplog.at_level("INFO", logger="r1kit"):
-        assert main(served_eval(server, tiny_model, tmp_path / "eval", problems=6)) == 0
-    assert "addition: 6/6 chunks, 12 samples" in caplog.text
-    assert not [r for r in caplog.records if "sampled" in r.getMessage()], caplog.text
-
-
-def test_ctrl_c_during_a_request_returns_at_once(server, make_sampler, ctrl_c_reaches_python):
-    """Point 3: Ctrl-C waited for the requests in flight (a long sample, or a minute of back-off)."""
-    server.slow, server.faults = 5.0, ["slow"]
-    sampler = make_sampler(server)
-    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()  # Ctrl-C
-    start = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        sampler.generate_full(PROMPTS[:1], 1, PARAMS)
-    assert time.monotonic() - start < 3
