@@ -20,6 +20,11 @@ $(VENV)/.vllm: $(VENV)/.installed
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 
+# The environment libraries the tests run (r1kit.environments): reasoning-gym and skyrl-gym.
+$(VENV)/.environments: $(VENV)/.installed
+	$(PIP) -e ".[environments]"
+	touch $@
+
 # The oldest transformers pyproject.toml allows, as a wheel beside the venv (not installed):
 # tests/test_trl_overrides.py reads the functions r1kit patches out of it.
 $(VENV)/.floor: $(VENV)/.installed
@@ -29,7 +34,7 @@ $(VENV)/.floor: $(VENV)/.installed
 .PHONY: install test demo tools-demo distill-demo r1-zero-demo docs constraints
 install: $(VENV)/.installed
 
-test: $(VENV)/.installed $(VENV)/.vllm $(VENV)/.floor
+test: $(VENV)/.installed $(VENV)/.vllm $(VENV)/.floor $(VENV)/.environments
 	R1KIT_TESTED_SET=1 $(PY) -m pytest
 
 demo: $(VENV)/.installed

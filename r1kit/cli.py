@@ -136,8 +136,10 @@ def _add_eval(sub) -> None:
     ev.add_argument("--model", help="model folder or hub id to sample")
     ev.add_argument("--completions", metavar="GEN.jsonl", help="score these generations instead of sampling a model; with --suite a folder "
                     "of NAME.jsonl (or NAME/samples.jsonl) per benchmark")
-    protocol = [f.name for f in dataclasses.fields(Settings)]
+    protocol = [f.name for f in dataclasses.fields(Settings) if f.name != "environment"]
     _add_flags(ev, Settings, protocol, {"samples": "K"})
+    ev.add_argument("--env", "--environment", dest="environment", metavar="ENV", help="each sample an episode of this environment (r1kit.environments: "
+                    "a registered name, module:Class, or a YAML mapping {name: guess, max_turns: 6}), which scores it")
     _add_flags(ev, EngineConfig, ["backend"])
     ev.add_argument("--endpoint", action="append", default=[], metavar="URL", help="sample a served model at this OpenAI-compatible base URL (http://host:8000/v1; repeatable: requests spread over the servers); backend endpoint")
     ev.add_argument("--served-model", metavar="NAME", help="with --endpoint: the name the server serves the model under (default: --model)")
@@ -177,10 +179,12 @@ def _cmd_eval(args) -> None:
     fields = {"id_field": args.id_field, "problem_field": args.problem_field, "answer_field": args.answer_field}
     window = {"since": args.since, "until": args.until}
     extra = {"data_file": args.data_file, "choice_seed": args.choice_seed, "rating_table": args.rating_table}
-    bench = load_benchmark(args.benchmark, **fields, **window, limit=args.limit, task_args=task_args, **extra)
+    bench = load_benchmark(args.benchmark, **fields, **window, limit=args.limit, task_args=task_args, environment=args.environment is not None, **extra)
     settings = Settings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)})
     if args.completions:
         check_settings(settings)
+        if args.environment is not None:
+            raise EvalError("--env plays episodes while sampling; --completions scores saved generations: drop --env")
         if args.tools:
             raise EvalError("--tools runs code while sampling; --completions scores saved generations, whose transcripts hold any tool output: drop --tools")
         summary = score_completions(bench, args.completions, args.output, args.answer_fallback, limits(settings), settings.think_prefill,
@@ -217,7 +221,7 @@ def _served(args) -> None:
                                     concurrency=args.concurrency, chat=args.chat)
     from r1kit.sampling import backends
 
-    problem = backends.settings_problem(args.backend, args.endpoint_config, tools=bool(args.tools)) or args.endpoint_config.machine_problem()
+    problem = backends.settings_problem(args.backend, args.endpoint_config, tools=bool(args.tools) or args.environment is not None) or args.endpoint_config.machine_problem()
     if problem:
         raise EvalError("--" + problem.replace("endpoint.url", "endpoint").replace("endpoint.api_key_env", "api-key-env").replace("endpoint.", ""))
 

@@ -153,8 +153,9 @@ class PromptStageConfig(StageConfig, Prompting):
 
     data: DataConfig
     """Prompts; every other column reaches the rewards as a keyword argument."""
-    rewards: list[dict[str, Any]]
-    """Rewards: {name, weight, when, <parameters>} each; names from `r1kit rewards list` or module:function."""
+    rewards: list[dict[str, Any]] = field(default_factory=list)
+    """Rewards: {name, weight, when, <parameters>} each; names from `r1kit rewards list` or module:function
+    (may be left out where the stage's environment owns the reward)."""
 
 
 @dataclass

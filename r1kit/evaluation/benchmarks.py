@@ -88,9 +88,13 @@ class Problem:
     is the correct one's letter."""
     rating: int | None = None
     """The problem's difficulty rating (Codeforces), for the rating estimate."""
+    row: dict | None = None
+    """The whole row, where the problem is evaluated in an environment (which reset reads)."""
 
     @property
     def domain(self) -> str:
+        if self.row is not None:
+            return "environment"
         return "code" if self.tests is not None else "choice" if self.choices is not None else "math"
 
 
@@ -182,12 +186,15 @@ def load_benchmark(
     data_file: str | None = None,
     choice_seed: int = 0,
     rating_table: str | None = None,
+    environment: bool = False,
 ) -> Benchmark:
     """The problems of `source`: a name of `BENCHMARKS` or `CODE_BENCHMARKS`, ``task:NAME`` or a
     local file; those dated within [since, until] when either is given, then the first `limit`.
     A task's problems are decided by its arguments alone (its own ``seed`` among them, 0 unless
     given), never by a sampling seed; the benchmark's config records them all, defaults included.
-    `data_file`: a built-in benchmark's rows from a local copy in its hub schema."""
+    `data_file`: a built-in benchmark's rows from a local copy in its hub schema. `environment`:
+    the problems are episodes of an environment, which scores them: each keeps its whole row and
+    needs no answer."""
     from r1kit import data
     from r1kit.evaluation import choices
     from r1kit.evaluation import codeforces
@@ -229,8 +236,8 @@ def load_benchmark(
     rows = rows[:limit] if limit is not None else rows
     problems, seen = [], set()
     for i, row in enumerate(rows):
-        code = _is_code(row)
-        for flag, key in (("id", id_field), ("problem", problem_field), ("answer", None if code else answer_field)):
+        code = _is_code(row) and not environment
+        for flag, key in (("id", id_field), ("problem", problem_field), ("answer", None if code or environment else answer_field)):
             if key is not None and key not in row:
                 raise EvalError(
                     f"{source}: row {i + 1} has no field {key!r} (fields: {', '.join(row)}); "
@@ -247,6 +254,10 @@ def load_benchmark(
             if g in listed or g in row:  # a null value is a group of its own in the breakdown, "(none)"
                 value = listed.get(g, row.get(g))
                 groups[g] = "(none)" if value is None else str(value)
+        if environment:
+            answer = row.get(answer_field)
+            problems.append(Problem(pid, str(row[problem_field]), None if answer is None else str(answer), groups, row=dict(row)))
+            continue
         if code:
             tests = Tests(**{f: row.get(f) or None for f in CODE_FIELDS})
             _check_own_limits(tests, f"{source}: row {i + 1}")

@@ -80,6 +80,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from r1kit.environments import from_recipe as load_environments
 from r1kit.evaluation.benchmarks import Benchmark
 from r1kit.errors import EvalError, RecipeError
 from r1kit.files import atomic_file, write_atomic
@@ -112,6 +113,9 @@ class Protocol(Prompting, SamplingConfig, ToolFields):
     """Seconds (wall and CPU) a program may run per test, for code benchmarks."""
     code_memory_mb: int = 1024
     """Address space a program may use, in MiB, for code benchmarks."""
+    environment: Any = None
+    """An environment each sample talks to (r1kit.environments: a name, module:Class or a mapping
+    with bounds); the problem's whole row resets it, and the episode's reward scores the sample."""
 
 
 @dataclass(kw_only=True)
@@ -139,8 +143,15 @@ def check_settings(s: Settings) -> None:
         raise EvalError(f"answer_fallback must be one of {', '.join(FALLBACKS)}, got {s.answer_fallback!r}")
     try:
         s.check_tools("tools")
+        load_environments(s.environment, "environment")
     except RecipeError as exc:
         raise EvalError(str(exc)) from None
+    if s.environment is not None:
+        from r1kit.environments.episodes import template_problem
+
+        problem = "fenced-code tools and an environment do not mix" if s.tools else template_problem(s.template, s.think_prefill)
+        if problem:
+            raise EvalError(f"{'tools' if s.tools else 'template'}: {problem}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,11 +220,19 @@ class Problems:
 
     def __init__(self, bench: Benchmark, settings: Settings):
         self.bench, self.settings = bench, settings
+        self.specs = load_environments(settings.environment, "environment")
 
     def request(self, chunk: Chunk, sampler: Sampler) -> Request:
         from r1kit import templates
 
         s = self.settings
+        if self.specs:  # each sample an episode of its own: its environment reset from the problem's row, its own prompt
+            from r1kit.environments.episodes import Episodes
+
+            episodes = Episodes(self.specs, sampler.tokenizer)
+            problems = [p for p in self.bench.problems[chunk.start : chunk.stop] for _ in range(s.samples)]
+            prompts = episodes.start([p.row or {} for p in problems], [p.problem for p in problems], s.template)
+            return Request(prompts, 1, SamplingParams(s.temperature, s.top_p, s.max_tokens, s.seed + chunk.start * s.samples), episodes)
         prompts = [templates.render(s.template, p.problem, sampler.tokenizer, s.think_prefill) for p in self.bench.problems[chunk.start : chunk.stop]]
         # Seeded by the call's first sample (a backend gives sample j of its prompt i seed + i * n + j),
         # so a rerun of the same call samples the same and no two samples share a stream.
@@ -222,6 +241,12 @@ class Problems:
 
     def records(self, chunk: Chunk, request: Request, completions: list[list[Completion]], sampler: Sampler) -> list[dict]:
         problems = self.bench.problems
+        if self.specs:  # the episodes' records ride on the completions: the environment domain's verdict
+            flat = [c for row in completions for c in row]
+            for c, record in zip(flat, request.tools.records([c.turns or 0 for c in flat])):
+                c.episode = record
+            k = self.settings.samples
+            completions = [flat[i * k : (i + 1) * k] for i in range(chunk.stop - chunk.start)]
         # A prompt that opens <think> (think_prefill, or the template's own) leaves each completion inside it.
         opened = [opens_think(p) for p in request.prompts]
         return score(problems[chunk.start : chunk.stop], completions, self.settings.answer_fallback, limits(self.settings), opened)

@@ -124,7 +124,13 @@ def summarize(bench: Benchmark, rows: list[dict], k: int) -> dict[str, Any]:
     if len(counted) < len(all_rows):  # saved generations without token counts: said, not hidden
         out["samples_without_tokens"] = len(all_rows) - len(counted)
     out["truncated"] = _mean([float(r["truncated"]) for r in all_rows if r["truncated"] is not None])
-    out["no_answer"] = _mean([float(r.get("reason") == "no program" if "reason" in r else r["answer"] is None) for r in all_rows])
+    out["no_answer"] = _mean([float(r.get("reason") == "no program" if "reason" in r else r["answer"] is None)
+                              for r in all_rows if "episode" not in r])
+    episodes = [r["episode"] for r in all_rows if r.get("episode")]
+    if episodes:  # episodes in an environment (r1kit.environments): turns, calls per tool, errors, failures, reward
+        from r1kit.environments.episodes import episode_metrics
+
+        out.update(episode_metrics(episodes))
     called = [r for r in all_rows if r.get("tool_calls") is not None]
     if called:  # sampled with tools (r1kit.execution.tools)
         out["tool_calls"] = _mean([r["tool_calls"] for r in called])
@@ -175,7 +181,7 @@ def score(
                                   fallback, limits)
             for (p, j, c), fields in zip(batch, judged):
                 rows[p.id, j] = {"id": p.id, "sample": j, "completion": c.text, **fields, "tokens": c.tokens,
-                                 "truncated": c.truncated} | _calls(c)
+                                 "truncated": c.truncated} | _calls(c) | _episode(c)
     return [rows[p.id, j] for p, j, _ in flat]
 
 
@@ -206,6 +212,11 @@ def _judge_code(problems, texts, prefilled, fallback, limits) -> list[dict]:
     return [{"correct": v.ok if v.total else None, "reason": v.reason, "tests": [v.passed, v.total]} for v in verdicts]
 
 
+def _judge_environment(problems, texts, prefilled, fallback, limits) -> list[dict]:
+    """Nothing from the text: an episode's verdict is its environment's (`_episode`)."""
+    return [{"answer": None, "reference": p.answer} for p in problems]
+
+
 def _vote_letters(answer_lists: list[list[str | None]]) -> list[int | None]:
     """For each problem's letters, the index of the first sample of the most frequent (ties: the first seen)."""
     out = []
@@ -234,12 +245,25 @@ DOMAINS = {
     "math": Domain(judge=_judge_math, vote=majority_votes),
     "choice": Domain(judge=_judge_choice, vote=_vote_letters),
     "code": Domain(judge=_judge_code, vote=None, runs_code=True),
+    # A problem evaluated in an environment: solved when the episode's reward reaches SOLVED.
+    "environment": Domain(judge=_judge_environment, vote=None),
 }
+SOLVED = 1.0
+"""An episode counts as solved when its environment's reward is at least this (the full reward of a 0-1 environment)."""
 
 
 def runs_code(bench: Benchmark) -> bool:
     """Whether any problem of `bench` is judged by running code."""
     return any(DOMAINS[p.domain].runs_code for p in bench.problems)
+
+
+def _episode(completion) -> dict:
+    """A row's episode, its reward and verdict, where the completion was an episode in an environment."""
+    episode = getattr(completion, "episode", None)
+    if episode is None:
+        return {}
+    return {"correct": episode["reward"] is not None and episode["reward"] >= SOLVED, "reward": episode["reward"],
+            "turns": episode["turns"], "episode": episode}
 
 
 def _calls(completion) -> dict:

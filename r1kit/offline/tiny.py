@@ -30,10 +30,30 @@ QWEN2_SPLIT = (
 )
 TAGS = ["<think>", "</think>", "<answer>", "</answer>"]
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Without tools the template renders what it always did; with tools it lists them one line each
+# (name, typed parameters, description: a few dozen tokens), an assistant's calls as
+# <tool_call>{"name": ..., "arguments": {...}}</tool_call> (Qwen's form) and the environment's
+# replies in turns of role ``tool``.
 CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% if tools %}<|im_start|>system\nTools:{% for t in tools %}{% set f = t.function or t %}{{ '\\n' }}{{ f.name }}("
+    "{% for k, v in f.parameters.properties.items() %}{{ k }}: {{ v.type }}{{ ', ' if not loop.last }}{% endfor %})"
+    ": {{ f.description }}{% endfor %}<|im_end|>\n{% endif %}"
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] or '' }}"
+    "{% for call in message.tool_calls or [] %}<tool_call>{\"name\": \"{{ call.function.name }}\", "
+    "\"arguments\": {{ call.function.arguments | tojson }}}</tool_call>{% endfor %}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# How transformers' parse_response reads an assistant turn of CHAT_TEMPLATE back into a message
+# (content and tool calls), as TRL does for Qwen's template.
+RESPONSE_TEMPLATE = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "tool_calls": {"open": "<tool_call>", "close_pattern": r"</tool_call>\s*", "repeats": True, "content": "json",
+                       "transform": {"type": "function", "function": "{content}"}},
+        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+    },
+}
 
 
 def _corpus(seed: int) -> list[str]:
@@ -86,6 +106,7 @@ def build_tokenizer(vocab_size: int = 400, seed: int = 0, extra: list[str] | Non
     )
     fast.add_tokens(TAGS)  # plain tokens: they survive skip_special_tokens=True
     fast.chat_template = CHAT_TEMPLATE
+    fast.response_template = RESPONSE_TEMPLATE
     return fast
 
 

@@ -124,6 +124,10 @@ class Completion:
     """True when generation stopped at max_tokens rather than at an end-of-sequence token."""
     tool_calls: int | None = None
     """Tool calls the completion made (r1kit.execution.tools); None when it was sampled without tools."""
+    turns: int | None = None
+    """Turns the model generated in a multi-turn rollout (tools or an environment); None for a single completion."""
+    episode: dict | None = None
+    """A rollout in an environment: its episode's record (r1kit.environments.Episode.record, with turns)."""
 
 
 class Sampler(Protocol):

@@ -281,7 +281,6 @@ class EndpointSampler:
 
     def _with_tools(self, prompts: list[str], n: int, params: SamplingParams, tools: list) -> list[list[Completion]]:
         """Rollouts that call `tools` (r1kit.sampling.tool_loop), each turn a request stopping at a block's closing fence."""
-        from r1kit.execution.tools import CLOSE
         from r1kit.sampling import tool_loop
 
         if self.config.chat:
@@ -291,7 +290,7 @@ class EndpointSampler:
 
         def one(prompt: list[int], k: int, max_tokens: int, seed: int) -> list[list[int]]:
             body = {**self._body(params, k, seed, max_tokens), "prompt": prompt, "return_token_ids": True,
-                    "stop": [CLOSE], "include_stop_str_in_output": True, "skip_special_tokens": False}
+                    "stop": tool_loop.stop_strings(tools), "include_stop_str_in_output": True, "skip_special_tokens": False}
             data = self.post("/completions", body)
             return [c["token_ids"] if isinstance(c.get("token_ids"), list) else self.ids(c["text"])
                     for c in sorted(data["choices"], key=lambda c: c.get("index", 0))]

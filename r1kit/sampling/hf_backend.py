@@ -57,7 +57,7 @@ class HFSampler:
                 torch.manual_seed(params.seed + start)
                 chunk_prompts, counts = [ids[p] for p, _ in chunk], [k for _, k in chunk]
                 if tools:
-                    out += tool_loop.completions(step, chunk_prompts, counts, params.max_tokens, tools, self.tokenizer, eos_ids)
+                    out += tool_loop.completions(step, chunk_prompts, counts, params.max_tokens, tools, self.tokenizer, eos_ids, start)
                     continue
                 for tokens in step(chunk_prompts, counts, params.max_tokens):
                     text = self.tokenizer.decode(tokens, skip_special_tokens=True)

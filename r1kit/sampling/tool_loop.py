@@ -23,9 +23,9 @@ Not here: training (r1kit.stages.grpo hands the mask to TRL as its tool mask), o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
-from r1kit.execution.tools import Tool, output_block
+from r1kit.execution.tools import CLOSE, Tool, output_block
 
 # step(prompts, counts, max_tokens, stop) -> new tokens of each sample, prompt by prompt
 Step = Callable[[list[list[int]], list[int], int, Callable[[int, list[int]], bool] | None], list[list[int]]]
@@ -35,6 +35,10 @@ Step = Callable[[list[list[int]], list[int], int, Callable[[int, list[int]], boo
 class Transcript:
     """One rollout: the model's tokens and the tools' outputs, in order."""
 
+    index: int = 0
+    """The rollout's number among those of its call (r1kit.sampling.tool_loop.rollouts' `first` on)."""
+    turns: int = 0
+    """Turns the model generated."""
     ids: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     """1 where the model wrote the token, 0 where a tool's output did."""
@@ -60,12 +64,37 @@ def _newline_tokens(tokenizer) -> frozenset[int]:
     return held[1]
 
 
-class _Fences:
-    """Which of a turn's tokens can close a block (they hold a newline), and the turn's block."""
+class World(Protocol):
+    """What answers a rollout between its turns: the fenced-code tools (`Fences`) or an
+    environment's episodes (r1kit.environments.episodes.Episodes)."""
+
+    stop_strings: list[str]
+    """Text that ends a turn before the end of the sequence (a served engine's stop strings)."""
+    turn_tokens: int | None
+    """Most tokens of one turn; None: the rollout's room."""
+
+    def stop(self, transcript: Transcript, tokens: list[int]) -> bool:
+        """Whether the turn so far (`tokens`) ends here (r1kit's decoding loop asks after each token)."""
+        ...
+
+    def reply(self, turns: list[tuple[Transcript, list[int], bool]]) -> list[list[int] | None]:
+        """For each rollout whose turn ended (its transcript, the turn's tokens, whether it ended at
+        the end of the sequence): the tokens to append (written by the world: masked out), or
+        None where the rollout ends. Calls of one turn may run together."""
+        ...
+
+
+class Fences:
+    """The world of fenced-code tools (r1kit.execution.tools): a turn stops at a block's closing
+    fence, the block runs, its output block is the reply; a turn that ends the sequence ends the rollout."""
+
+    turn_tokens = None
+    stop_strings = [CLOSE]
 
     def __init__(self, tokenizer, tools: list[Tool]):
         self.tokenizer, self.tools = tokenizer, tools
         self.newline = _newline_tokens(tokenizer)
+        self.calls_left = {t.config.name: t.config.calls for t in tools}
 
     def block(self, tokens: list[int]) -> tuple[Tool, str] | None:
         """The tool and code of the first complete block in a turn's tokens, or None."""
@@ -73,72 +102,95 @@ class _Fences:
         found = [(text.find(f"```{t.language}"), t, code) for t in self.tools if (code := t.find(text)) is not None]
         return min(found, key=lambda f: f[0])[1:] if found else None
 
+    def _callable(self, transcript: Transcript, tokens: list[int]) -> tuple[Tool, str] | None:
+        found = self.block(tokens)
+        return found if found is not None and transcript.calls < self.calls_left[found[0].config.name] else None
+
+    def stop(self, transcript: Transcript, tokens: list[int]) -> bool:
+        return bool(tokens) and tokens[-1] in self.newline and self._callable(transcript, tokens) is not None
+
+    def reply(self, turns):
+        replies: list[list[int] | None] = [None] * len(turns)
+        pending = [(k, t, *found) for k, (t, tokens, at_end) in enumerate(turns)
+                   if not at_end and (found := self._callable(t, tokens)) is not None]
+        for tool in self.tools:  # each tool runs its blocks of the turn as one batch
+            mine = [(k, t, code) for k, t, used, code in pending if used is tool]
+            results = tool.run([code for _, _, code in mine], [t.blocks for _, t, _ in mine])
+            for (k, t, code), result in zip(mine, results):
+                t.blocks.append(code)
+                t.calls += 1
+                t.errors += not result.ok
+                t.timeouts += result.timed_out
+                t.seconds += result.seconds
+                replies[k] = self.tokenizer(output_block(result.text), add_special_tokens=False)["input_ids"]
+        return replies
+
+
+def stop_strings(tools) -> list[str]:
+    """The stop strings a served engine ends the turns of `tools` at (a list of Tools or a World)."""
+    return Fences.stop_strings if isinstance(tools, list) else tools.stop_strings
+
 
 def rollouts(
     step: Step,
     prompts: list[list[int]],
     counts: list[int],
     max_tokens: int,
-    tools: list[Tool],
+    tools: "list[Tool] | World",
     tokenizer,
     eos_ids: set[int],
+    first: int = 0,
 ) -> list[Transcript]:
     """`counts[i]` rollouts of each prompt `prompts[i]` (token ids), prompt by prompt, each at
-    most `max_tokens` tokens long with tool outputs (see the module docstring)."""
-    fences = _Fences(tokenizer, tools)
-    out = [Transcript() for _ in range(sum(counts))]
+    most `max_tokens` tokens long with what the world wrote (see the module docstring). `tools`:
+    fenced-code tools, or a World; `first` numbers the rollouts (``Transcript.index``) for a
+    World that holds state per rollout."""
+    world = Fences(tokenizer, tools) if isinstance(tools, list) else tools
+    out = [Transcript(index=first + k) for k in range(sum(counts))]
     owner = [p for p, n in enumerate(counts) for _ in range(n)]  # each rollout's prompt
-    calls_left = {t.config.name: t.config.calls for t in tools}
     live = list(range(len(out)))  # the rollouts of this turn, in the order step returns them
     turn_prompts, turn_counts, budget = prompts, counts, max_tokens
 
     while live:
         def stop(i: int, tokens: list[int]) -> bool:  # i: the rollout's place in this turn
-            if not tokens or tokens[-1] not in fences.newline:
-                return False
-            found = fences.block(tokens)
-            return found is not None and out[live[i]].calls < calls_left[found[0].config.name]
+            return world.stop(out[live[i]], tokens)
 
-        new = step(turn_prompts, turn_counts, budget, stop)
-        pending: list[tuple[int, Tool, str]] = []
+        turn_budget = budget if world.turn_tokens is None else min(budget, world.turn_tokens)
+        new = step(turn_prompts, turn_counts, turn_budget, stop)
+        ended: list[tuple[int, list[int], bool]] = []
         for r, tokens in zip(live, new):
             room = max_tokens - len(out[r].ids)
             tokens = tokens[:room]
             out[r].ids += tokens
             out[r].mask += [1] * len(tokens)
-            if not tokens or tokens[-1] in eos_ids or len(out[r].ids) >= max_tokens:
+            out[r].turns += 1
+            if tokens and len(out[r].ids) < max_tokens:
+                ended.append((r, tokens, tokens[-1] in eos_ids))
+        replies = world.reply([(out[r], tokens, at_end) for r, tokens, at_end in ended])
+        live = []
+        for (r, _, _), reply in zip(ended, replies):
+            if reply is None:
                 continue
-            found = fences.block(tokens)
-            if found is not None and out[r].calls < calls_left[found[0].config.name]:
-                pending.append((r, *found))
-        for tool in tools:  # each tool runs its blocks of the turn as one batch
-            mine = [(r, code) for r, t, code in pending if t is tool]
-            results = tool.run([code for _, code in mine], [out[r].blocks for r, _ in mine])
-            for (r, code), result in zip(mine, results):
-                t = out[r]
-                t.blocks.append(code)
-                t.calls += 1
-                t.errors += not result.ok
-                t.timeouts += result.timed_out
-                t.seconds += result.seconds
-                shown = tokenizer(output_block(result.text), add_special_tokens=False)["input_ids"][: max_tokens - len(t.ids)]
-                t.ids += shown
-                t.mask += [0] * len(shown)
-        live = [r for r, _, _ in pending if len(out[r].ids) < max_tokens]
+            t = out[r]
+            shown = reply[: max_tokens - len(t.ids)]
+            t.ids += shown
+            t.mask += [0] * len(shown)
+            if len(t.ids) < max_tokens:
+                live.append(r)
         turn_prompts = [prompts[owner[r]] + out[r].ids for r in live]
         turn_counts = [1] * len(live)
         budget = max((max_tokens - len(out[r].ids) for r in live), default=0)
     return out
 
 
-def completions(step: Step, prompts, counts, max_tokens, tools, tokenizer, eos_ids) -> list:
+def completions(step: Step, prompts, counts, max_tokens, tools, tokenizer, eos_ids, first: int = 0) -> list:
     """`rollouts` as the samplers return them: Completions of the whole transcripts, prompt by prompt."""
     from r1kit.sampling.base import Completion
 
     return [
         Completion(text=tokenizer.decode(t.ids, skip_special_tokens=True), tokens=sum(t.mask),
-                   truncated=not t.ids or t.ids[-1] not in eos_ids, tool_calls=t.calls)
-        for t in rollouts(step, prompts, counts, max_tokens, tools, tokenizer, eos_ids)
+                   truncated=not t.ids or t.ids[-1] not in eos_ids, tool_calls=t.calls, turns=t.turns)
+        for t in rollouts(step, prompts, counts, max_tokens, tools, tokenizer, eos_ids, first)
     ]
 
 

@@ -159,11 +159,11 @@ class VLLMSampler:
         return [row * (n // draws) for row in rows]
 
     def _with_tools(self, prompts: list[str], n: int, params: SamplingParams, tools: list) -> list[list[Completion]]:
-        """Rollouts that call `tools` (r1kit.sampling.tool_loop), each turn stopping at a block's closing fence."""
+        """Rollouts that call `tools` or talk to an environment (r1kit.sampling.tool_loop), each turn stopping at
+        a block's closing fence or the end of the sequence."""
         import vllm
 
         from r1kit.sampling import tool_loop
-        from r1kit.execution.tools import CLOSE
 
         eos_ids = {self.tokenizer.eos_token_id}
         calls = iter(range(1 << 30))
@@ -172,7 +172,8 @@ class VLLMSampler:
             requests = [{"prompt_token_ids": p} for p in turn_prompts]
             sampling = [
                 vllm.SamplingParams(n=k, temperature=params.temperature, top_p=params.engine_top_p,
-                                    max_tokens=max_tokens, seed=params.seed + next(calls), stop=[CLOSE], include_stop_str_in_output=True)
+                                    max_tokens=max_tokens, seed=params.seed + next(calls), stop=tool_loop.stop_strings(tools) or None,
+                                    include_stop_str_in_output=True)
                 for k in counts
             ]
             results = self.llm.generate(requests, sampling, use_tqdm=False)

@@ -106,13 +106,13 @@ class StageResult:
     """Figures for the run report."""
 
 
-def check_prompting(stage, no_rewards: str) -> None:
+def check_prompting(stage, no_rewards: str | None) -> None:
     """Refuse a prompting stage's (r1kit.config.PromptStageConfig) empty or unknown rewards list
-    (`no_rewards` says why one is needed) and an unknown template."""
+    (`no_rewards` says why one is needed; None: none is) and an unknown template."""
     from r1kit import reward_registry, templates
     from r1kit.errors import RecipeError
 
-    if not stage.rewards:
+    if not stage.rewards and no_rewards:
         raise RecipeError(f"{stage.name}.rewards: {no_rewards}")
     reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards")
     problem = templates.check(stage.template)

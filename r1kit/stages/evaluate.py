@@ -132,6 +132,7 @@ def _run(ctx: StageContext, sampler) -> StageResult:
             until=stage.until,
             task_args=task_args(stage, source),
             choice_seed=stage.choice_seed,
+            environment=stage.environment is not None,
         )
         for source in stage.benchmarks
     ]
@@ -155,6 +156,7 @@ def _run(ctx: StageContext, sampler) -> StageResult:
         for key in ("pass@1", f"cons@{k}", f"pass@{k}", "mean_tokens", "truncated", *tools):
             metrics[f"{bench.name}/{key}"] = summary[key]
         metrics[f"{bench.name}/domain"] = summary["domain"]
+        metrics.update({f"{bench.name}/{key}": value for key, value in summary.items() if key.startswith("env/")})
     text = ev.table(summaries, [stage.name] * len(summaries))
     (ctx.dir / "results.md").write_text(f"# {stage.name}: {ctx.model}\n\n{text}")
     log.info("%s results:\n%s", stage.name, text)

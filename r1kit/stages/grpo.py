@@ -53,6 +53,13 @@ the turns; with ``use_vllm`` vLLM does (one process; the closing fence is its st
 step logs ``tools/calls_per_rollout``, ``tools/call_share``, ``tools/error_share``,
 ``tools/timeout_share`` and ``tools/sandbox_seconds``.
 
+With ``environment:`` the rollouts talk to an environment turn after turn through function calls
+(r1kit.environments): TRL's ``environment_factory`` plays the turns, each environment call bounded
+by r1kit's guard, and the environment's ``get_reward`` is weighed with the recipe's rewards (which
+may be left out where the environment owns the reward); each step logs ``env/turns_per_rollout``,
+``env/calls/<tool>``, ``env/tool_error_share``, ``env/failure_share``, ``env/timeout_share`` and
+``env/reward/<environment>``.
+
 With ``max_staleness: N`` the rollouts come from a generator process drawing at most N optimizer
 steps ahead of training, with new weights after every step, and PPO's ratio taken to the policy
 that drew them (or TRL's importance-sampling correction, opt-in): asynchronous GRPO on a CPU
@@ -106,12 +113,18 @@ class GRPOStage(PromptStageConfig, lora.LoraFields, tools_lib.ToolFields):
     share_prompts: bool = False
     """Score each group's prompt once, not once per completion (r1kit.trainers.shared_prompts): the same
     log-probabilities and gradients up to rounding, fewer tokens through the model."""
+    environment: Any = None
+    """An environment the rollouts talk to, turn after turn (r1kit.environments: a name, module:Class,
+    a mapping with bounds, or a list routed by the rows' ``environment`` field); TRL's environment_factory."""
     trainer: dict[str, Any] = field(default_factory=dict)
     """Fields of trl.GRPOConfig, passed through."""
 
 
 def check(stage: GRPOStage) -> None:
-    check_prompting(stage, "a grpo stage needs at least one reward")
+    specs = environments(stage)
+    owned = bool(specs) and all(s.has_reward for s in specs)  # the environment owns the reward (as in TRL)
+    check_prompting(stage, None if owned else "a grpo stage needs at least one reward, or an environment with get_reward")
+    check_environment(stage, specs)
     if "reward_weights" in stage.trainer:
         raise RecipeError(f"{stage.name}.trainer.reward_weights: set weights in the rewards list instead")
     lora.check(stage)
@@ -125,6 +138,37 @@ def check(stage: GRPOStage) -> None:
 # GRPOConfig's sampling fields beyond temperature and top-p, with the values that ask for nothing
 # more: r1kit's decoding loop, the generator's, applies none of them (r1kit.trainers.rollouts).
 LOOP_ONLY = {"top_k": (0, None), "min_p": (None, 0, 0.0), "repetition_penalty": (1, 1.0, None), "generation_kwargs": (None, {})}
+
+
+def environments(stage) -> list:
+    """The environments a stage names (r1kit.environments.Spec), checked; one line naming the key."""
+    from r1kit import environments as env_lib
+
+    return env_lib.from_recipe(stage.environment, f"{stage.name}.environment")
+
+
+def check_environment(stage: GRPOStage, specs: list) -> None:
+    """What TRL's environment_factory cannot run, in one line."""
+    if not specs:
+        return
+    from r1kit.environments.episodes import template_problem
+
+    problem = template_problem(stage.template, stage.think_prefill)
+    if problem:
+        raise RecipeError(f"{stage.name}.template: {problem}")
+    if stage.tools:
+        raise RecipeError(f"{stage.name}.tools: fenced-code tools and an environment do not mix; the environment's methods are its tools")
+    for i, spec in enumerate(specs):
+        where = f"{stage.name}.environment" + (f"[{i}]" if len(specs) > 1 else "")
+        if spec.has_step and not spec.tools:
+            raise RecipeError(f"{where}: {spec.config.name} answers free text (step), which TRL's trainer cannot play (it runs function calls); "
+                              "evaluate it (eval, rejection stages), or give it tools")
+        if spec.config.turn_tokens is not None:
+            raise RecipeError(f"{where}.turn_tokens: TRL's trainer bounds a whole rollout (trainer.max_completion_length), not a turn; leave it out")
+    if stage.max_staleness is not None:
+        raise RecipeError(f"{stage.name}.max_staleness: not with an environment (TRL's environment loop runs in the trainer's step); leave one out")
+    if stage.dynamic_sampling:
+        raise RecipeError(f"{stage.name}.dynamic_sampling: not with an environment (a refill would reuse the batch's environment instances); leave it out")
 
 
 def check_async(stage: GRPOStage) -> None:
@@ -176,6 +220,10 @@ def prompt_rows(ctx: StageContext, tokenizer):
     data_lib.require_columns(ds, [cfg.prompt], ctx.resolve_data_source(cfg.source), f"{stage.kind} stage {stage.name!r}")
 
     def render(row):
+        if getattr(stage, "environment", None) is not None:  # TRL's environment loop takes a conversation
+            from r1kit.environments.episodes import user_message
+
+            return {"prompt": [{"role": "user", "content": user_message(stage.template, row[cfg.prompt])}]}
         return {"prompt": templates.render(stage.template, row[cfg.prompt], tokenizer, stage.think_prefill)}
 
     drop = [c for c in ("prompt", "completion", "messages") if c in ds.column_names and c != cfg.prompt]
@@ -192,7 +240,9 @@ def run(ctx: StageContext) -> StageResult:
     trl_overrides.check()  # before any model loads
     stage = ctx.stage
     rewards = reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards")
+    specs = environments(stage)
     tokenizer = AutoTokenizer.from_pretrained(ctx.model, padding_side="left")
+    env_figures: dict[str, float] = {}
     rows = prompt_rows(ctx, tokenizer)
     args = trainer_args(GRPOConfig, ctx, **trainer_defaults(stage))
     checkpoint = last_checkpoint(ctx)
@@ -207,7 +257,7 @@ def run(ctx: StageContext) -> StageResult:
     )
     trainer = trl_overrides.GRPOTrainer(
         model=ctx.model,  # TRL builds it: float32 master weights, args.model_init_kwargs applied
-        reward_funcs=[clock.timed(reward_registry.for_trl(r)) for r in rewards],
+        reward_funcs=[clock.timed(reward_registry.for_trl(r)) for r in rewards] + [clock.timed(f) for f in env_rewards(specs, env_figures)],
         args=args,
         train_dataset=rows,
         processing_class=tokenizer,
@@ -215,8 +265,9 @@ def run(ctx: StageContext) -> StageResult:
         peft_config=lora.lora_config(stage),
         quantization_config=lora.quantization_config(stage),
         features=features,
+        **({"environment_factory": trl_factory(specs)} if specs else {}),
     )
-    trainer.add_callback(clock.log_steps(trainer))
+    trainer.add_callback(clock.log_steps(trainer, env_figures))
     sizes = lora.parameters(trainer.model)
     # TRL's own head and SDPA's choice on other devices and for other models
     try:
@@ -253,8 +304,9 @@ class RewardClock:
 
         return call
 
-    def log_steps(self, trainer):
-        """A callback adding each optimizer step's seconds to the figures `trainer` logs next."""
+    def log_steps(self, trainer, figures: dict[str, float] | None = None):
+        """A callback adding each optimizer step's seconds, and the environments' `figures` of its
+        last batch (r1kit.environments.metrics), to the figures `trainer` logs next."""
         from transformers import TrainerCallback
 
         clock = self
@@ -264,6 +316,8 @@ class RewardClock:
                 # The trainer's own per-step figures (step_time, ...) gather here; its log() averages them.
                 for name, seconds in clock.step.items():
                     trainer._metrics["train"][f"reward_seconds/{name}"].append(seconds)
+                for name, value in (figures or {}).items():
+                    trainer._metrics["train"][name].append(value)
                 clock.step = dict.fromkeys(clock.step, 0.0)
 
         return RewardSeconds()
@@ -315,11 +369,26 @@ def trainer_defaults(stage: GRPOStage) -> dict:
     log-probabilities for it) or asynchronous rollouts (unless the recipe asks: PPO's ratio to the
     sampling policy is the default)."""
     rewards = reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards")
+    weights = [r.weight for r in rewards] + [s.config.weight for s in environments(stage) if s.has_reward]
     tools = {"vllm_importance_sampling_correction": False} if stage.tools else {}
     # Asynchronous rollouts: PPO's clip to the sampling policy unless the recipe asks for TRL's
     # importance-sampling correction (r1kit.trainers.async_generation).
     asynchronous = {"vllm_importance_sampling_correction": False} if stage.max_staleness is not None else {}
-    return {**PAPER_DEFAULTS, "reward_weights": [r.weight for r in rewards], **tools, **asynchronous, **lora.trainer_defaults(stage)}
+    turns = {"max_tool_calling_iterations": max(s.config.max_turns for s in environments(stage)) - 1} if stage.environment is not None else {}
+    return {**PAPER_DEFAULTS, "reward_weights": weights, **tools, **asynchronous, **turns, **lora.trainer_defaults(stage)}
+
+
+def env_rewards(specs: list, figures: dict) -> list[Callable]:
+    """One TRL reward function per environment that owns its reward (r1kit.environments.episodes.trl_reward)."""
+    from r1kit.environments.episodes import trl_reward
+
+    return [trl_reward(spec, figures) for spec in specs if spec.has_reward]
+
+
+def trl_factory(specs: list):
+    from r1kit.environments.episodes import trl_factory as factory
+
+    return factory(specs)
 
 
 STAGE = StageKind(

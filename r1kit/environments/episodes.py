@@ -1,0 +1,216 @@
+"""An environment's side of rollouts, in the two places it runs:
+
+- `Episodes`: the world of r1kit's turn loop (r1kit.sampling.tool_loop) for the eval and rejection
+  stages, on r1kit's decoding loop, in-process vLLM and the served backends. Each rollout has its
+  own environment instance, reset from its row before its prompt is rendered (`Episodes.start`).
+  A turn ends at the end of the sequence; the turn is read back into a message with the chat
+  template's response template (TRL's ``parse_response``); its tool calls run, the calls of every
+  rollout of the turn together (each call bounded by the environment's timeout); the tool messages
+  (or, for a gym-style environment without tools, ``step``'s reply as a user message) are
+  rendered by the chat template and appended, masked out. A turn without a call, a failed call,
+  or ``max_turns`` ends the rollout.
+- `trl_factory` and `trl_reward`: TRL's ``environment_factory`` (the grpo stage): the same class
+  behind r1kit's guard (each call timed, failures recorded), its ``get_reward`` weighed by the
+  recipe instead of TRL's weight 1.
+
+Both render a reply as TRL does (the tokens the chat template adds after an assistant turn that
+ends at its end-of-turn token), so greedy transcripts agree where the engines do.
+
+Not here: the protocol and its checks (r1kit.environments), the turn loop, scoring beyond the
+environment's own reward (the stages' rewards).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from r1kit import templates
+from r1kit.environments import Guarded, Spec, metrics
+from r1kit.errors import RecipeError
+
+
+def route(specs: list[Spec], row: dict, where: str = "environment") -> Spec:
+    """The environment of `row`: the only one, or the one its ``environment`` field names."""
+    if len(specs) == 1:
+        return specs[0]
+    key = row.get("environment")
+    for spec in specs:
+        if spec.key == key:
+            return spec
+    raise RecipeError(f"{where}: a row's environment field is {key!r}; the environments answer to {', '.join(s.key for s in specs)}")
+
+
+def user_message(template: str, prompt: str) -> str:
+    """The first user message of a rollout in an environment, by the stage's template: ``chat``
+    (the question with R1's guidance), ``plain`` (the question) or a ``{prompt}`` string."""
+    if template == "chat":
+        return templates.chat_user_turn(prompt)
+    return prompt if template == "plain" else template.replace("{prompt}", prompt)
+
+
+def template_problem(template: str, think_prefill: bool) -> str | None:
+    """Why a stage's prompting cannot start a conversation with an environment, or None."""
+    if template == "r1_zero":
+        return "r1_zero continues plain text; with an environment the prompt is a chat turn: set template to chat, plain or a {prompt} string"
+    if think_prefill:
+        return "think_prefill: not with an environment (each turn starts where the chat template opens it); leave it out"
+    return None
+
+
+def _reply_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """The tokens the chat template puts after an assistant turn (ending at the end-of-turn token)
+    for `messages` (tool replies, or a user turn), up to the next assistant turn's opening."""
+    call = [{"type": "function", "function": {"name": messages[0].get("name", "tool"), "arguments": {}}}]
+    before = [{"role": "user", "content": "dummy"},
+              {"role": "assistant", "content": "", **({"tool_calls": call} if messages[0]["role"] == "tool" else {})}]
+    prefix = tokenizer.apply_chat_template(before, tokenize=True, return_dict=False)
+    full = tokenizer.apply_chat_template(before + messages, tokenize=True, add_generation_prompt=True, return_dict=False)
+    ends = [i for i, t in enumerate(prefix) if t == tokenizer.eos_token_id]
+    if ends:
+        prefix = prefix[: ends[-1] + 1]
+    if full[: len(prefix)] != prefix:
+        raise RecipeError("the chat template renders an assistant turn differently when more messages follow it; "
+                          "environment replies cannot be appended to a rollout")
+    return full[len(prefix):]
+
+
+class Episodes:
+    """The world of r1kit's turn loop for rollouts in environments (see the module docstring)."""
+
+    stop_strings: list[str] = []
+
+    def __init__(self, specs: list[Spec], tokenizer, concurrency: int = 16):
+        from trl.chat_template_utils import add_response_schema
+
+        self.specs, self.tokenizer, self.concurrency = specs, tokenizer, concurrency
+        if any(s.tools for s in specs) and getattr(tokenizer, "response_template", None) is None:
+            add_response_schema(tokenizer)
+        bounds = [s.config.turn_tokens for s in specs if s.config.turn_tokens is not None]
+        self.turn_tokens = min(bounds) if bounds else None
+        self.guarded: list[Guarded] = []
+        self.prompts: list[list[int]] = []
+
+    def start(self, rows: list[dict], questions: list[str], template: str) -> list[str]:
+        """A rollout per row (in order): its environment reset from the row, its prompt (the
+        question by `template`, then what reset returned) rendered with the environment's tools;
+        returns the prompts."""
+        texts = []
+        for row, question in zip(rows, questions, strict=True):
+            spec = route(self.specs, row)
+            guarded = Guarded(spec)
+            reset_row = {k: v for k, v in row.items() if not (len(self.specs) > 1 and k == "environment")}
+            observation = guarded.reset(reset_row)
+            content = user_message(template, question) + (observation or "")
+            tools = list(spec.tools.values()) or None
+            text = self.tokenizer.apply_chat_template([{"role": "user", "content": content}], tools=tools, tokenize=False,
+                                                      add_generation_prompt=True)
+            self.guarded.append(guarded)
+            self.prompts.append(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            texts.append(text)
+        return texts
+
+    def stop(self, transcript, tokens: list[int]) -> bool:
+        return False  # a turn ends at the end of the sequence
+
+    def reply(self, turns):
+        if not turns:
+            return []
+        with ThreadPoolExecutor(min(self.concurrency, len(turns))) as pool:
+            return list(pool.map(lambda turn: self._reply(*turn), turns))
+
+    def _reply(self, transcript, tokens: list[int], at_end: bool) -> list[int] | None:
+        from trl.chat_template_utils import parse_response
+
+        guarded = self.guarded[transcript.index]
+        spec = guarded.spec
+        if not at_end or guarded.episode.failure or transcript.turns >= spec.config.max_turns:
+            return None
+        if spec.tools:
+            before = self.prompts[transcript.index] + transcript.ids[: len(transcript.ids) - len(tokens)]
+            message = parse_response(self.tokenizer, tokens, prefix=before, tools=list(spec.tools.values()))
+            calls = message.get("tool_calls") or []
+            if calls:
+                replies = []
+                for call in calls:
+                    function = call.get("function") or {}
+                    name = function.get("name", "")
+                    replies.append({"role": "tool", "name": name, "content": guarded.call(name, function.get("arguments", {}))})
+                    if guarded.episode.failure:
+                        return None
+                return _reply_ids(self.tokenizer, replies)
+        if spec.has_step:
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            answer = guarded.step(text)
+            return None if answer is None else _reply_ids(self.tokenizer, [{"role": "user", "content": answer}])
+        return None
+
+    def records(self, turns: list[int]) -> list[dict]:
+        """Each rollout's episode record (environment, calls per tool, tool errors, failure,
+        reward, turns as `turns` gives them), the environment's reward taken now."""
+        out = []
+        for guarded, n in zip(self.guarded, turns, strict=True):
+            guarded.reward()
+            out.append(guarded.episode.record() | {"turns": n})
+        return out
+
+
+def episode_metrics(records: list[dict]) -> dict[str, float]:
+    """`r1kit.environments.metrics` over journaled episode records."""
+    from collections import Counter
+
+    from r1kit.environments import Episode
+
+    episodes = [Episode(r["environment"], Counter(r["calls"]), r["tool_errors"], r["failure"], r["reward"]) for r in records]
+    return metrics(episodes, [r["turns"] for r in records])
+
+
+# ---- TRL's environment_factory ---------------------------------------------------------------------
+
+
+def trl_class(spec: Spec) -> type:
+    """A class in TRL's protocol around `spec`'s: the same tools (name, signature and docstring,
+    so TRL renders the same schema), each call through r1kit's guard; no ``get_reward`` (r1kit's
+    `trl_reward` weighs it)."""
+    def __init__(self):
+        self.guarded = Guarded(spec)
+
+    def reset(self, **row):
+        return self.guarded.reset(row)
+
+    namespace: dict[str, Any] = {"__init__": __init__, "reset": reset, "__doc__": spec.cls.__doc__, "__module__": spec.cls.__module__}
+    for name in spec.tools:
+        original = getattr(spec.cls, name)
+        signature = inspect.signature(original)
+
+        def tool(self, *args, _name=name, _signature=signature, **kwargs):
+            bound = _signature.bind(self, *args, **kwargs)
+            return self.guarded.call(_name, {k: v for k, v in bound.arguments.items() if k != "self"})
+
+        namespace[name] = functools.wraps(original)(tool)
+    return type(spec.cls.__name__, (), namespace)
+
+
+def trl_factory(specs: list[Spec]):
+    """TRL's ``environment_factory``: a class, or with several environments a dict by key."""
+    classes = {spec.key: trl_class(spec) for spec in specs}
+    return next(iter(classes.values())) if len(specs) == 1 else classes
+
+
+def trl_reward(spec: Spec, figures: dict):
+    """A TRL reward function named ``env_<label>``: the environment reward of each rollout of
+    `spec`'s environment (0 where it failed; None, which TRL leaves out, for the other
+    environments' rollouts). Each call leaves the batch's environment figures in `figures` (turns
+    counted from the conversation's assistant messages)."""
+    def reward(environments=None, completions=None, **_):
+        mine = [e.guarded.spec is spec for e in environments]
+        rewards = [e.guarded.reward() if m else None for e, m in zip(environments, mine)]
+        turns = [sum(m.get("role") == "assistant" for m in c) if isinstance(c, list) else 1 for c in completions or []]
+        figures.clear()
+        figures.update(metrics([e.guarded.episode for e in environments], turns))
+        return rewards
+
+    reward.__name__ = reward.__qualname__ = f"env_{spec.label}"
+    return reward
