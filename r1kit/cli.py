@@ -128,7 +128,7 @@ def _add_eval(sub) -> None:
         formatter_class=_Defaults,
         allow_abbrev=False,  # a suite takes the protocol flags given on the command line: spelled out
     )
-    ev.add_argument("--benchmark", help=f"{', '.join([*BENCHMARKS, *CODE_BENCHMARKS, *CHOICE_BENCHMARKS])}, task:NAME, or a .jsonl/.json/.parquet file")
+    ev.add_argument("--benchmark", help=f"{', '.join([*BENCHMARKS, *CODE_BENCHMARKS, *CHOICE_BENCHMARKS])}, task:NAME, reasoning_gym:NAME, or a .jsonl/.json/.parquet file")
     ev.add_argument("--suite", help="a built-in suite (r1: the DeepSeek-R1 paper's table) or a suite .yaml file (r1kit.evaluation.suite); instead of --benchmark")
     ev.add_argument("--data", action="append", default=[], metavar="NAME=FILE", help="with --suite: read benchmark NAME from a local copy in its hub schema (repeatable)")
     ev.add_argument("--only", action="append", default=[], metavar="NAME", help="with --suite: run this benchmark of the suite only (repeatable)")
@@ -148,7 +148,7 @@ def _add_eval(sub) -> None:
     ev.add_argument("--chat", action="store_true", help="with --endpoint: send chat messages (/chat/completions) instead of r1kit's rendered prompt")
     _add_flags(ev, BenchmarkFields, ["limit", "id_field", "problem_field", "answer_field", "since", "until", "data_file", "choice_seed", "rating_table"],
                {"limit": "N", "since": "DAY", "until": "DAY", "data_file": "FILE", "choice_seed": "SEED", "rating_table": "FILE"})
-    ev.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="argument of a task:NAME benchmark (repeatable)")
+    ev.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="argument of a task:NAME or reasoning_gym:NAME benchmark (repeatable)")
     ev.set_defaults(handler=_cmd_eval)
     esub = ev.add_subparsers(dest="eval_command", title="subcommand", metavar="compare DIR [DIR ...]", help="side-by-side table of evaluations")
     cmp = esub.add_parser("compare", usage="r1kit eval compare DIR [DIR ...]", description="One row per summary.json; a DIR without one contributes each DIR/*/summary.json.")

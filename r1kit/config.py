@@ -102,7 +102,7 @@ class DataConfig:
     """Where a stage's rows come from and which columns it reads."""
 
     source: str
-    """Hub dataset id, local .jsonl/.json/.parquet file, `task:NAME` (r1kit.offline.tasks), or an earlier stage's name."""
+    """Hub dataset id, local .jsonl/.json/.parquet file, `task:NAME` (r1kit.offline.tasks), `reasoning_gym:NAME` (r1kit.environments.reasoning_gym), or an earlier stage's name."""
     split: str = "train"
     """Split to load from a hub dataset (local files have one split)."""
     subset: str | None = None

@@ -129,6 +129,10 @@ def _source_rows(data: DataConfig, ctx):
         from r1kit.offline.tasks import generate
 
         ds = _table(generate(data.source[5:], data.split, {"seed": ctx.recipe.seed, **data.task}), data.source)
+    elif data.source.startswith("reasoning_gym:"):
+        from r1kit.environments import reasoning_gym
+
+        ds = _table(reasoning_gym.rows(data.source.removeprefix("reasoning_gym:"), data.task, seed=ctx.recipe.seed), data.source)
     else:
         ds = load_source(ctx.resolve_data_source(data.source), data.split, data.subset)
     if data.columns:

@@ -215,6 +215,13 @@ def _check_sources(recipe: Recipe, names: set[str], stage_registry) -> None:
                     tasks.check(source[5:], section.task)
                 except DataError as exc:
                     raise RecipeError(f"{stage.name}.{where}: {exc}") from None
+            elif source.startswith("reasoning_gym:"):
+                from r1kit.environments import reasoning_gym
+
+                try:
+                    reasoning_gym.config(source.removeprefix("reasoning_gym:"), section.task, seed=recipe.seed)
+                except DataError as exc:
+                    raise RecipeError(f"{stage.name}.{where}: {exc}") from None
             elif source in names:
                 continue
             elif is_local(source):

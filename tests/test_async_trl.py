@@ -273,7 +273,7 @@ def test_trl_rollout_worker_draws_r1kit_prompts_and_scores_them_with_r1kit_rewar
         ctx = StageContext(recipe=rec, stage=st, dir=tmp_path / "rl", model=model, datasets={})
         ctx.dir.mkdir()
         tokenizer = AutoTokenizer.from_pretrained(model, padding_side="left")
-        own = tokenizer.chat_template
+        own, own_response = tokenizer.chat_template, tokenizer.response_template
         rows = grpo.prompt_rows(ctx, tokenizer)
         rendered = set(rows["prompt"])
         rewards = reward_registry.from_recipe(st.rewards, "rewards")
@@ -306,7 +306,7 @@ def test_trl_rollout_worker_draws_r1kit_prompts_and_scores_them_with_r1kit_rewar
         assert s.model_version == 0
     # TRL renders with a copy: the stage's own tokenizer keeps the model's chat template
     assert trainer.processing_class is not tokenizer and trainer.processing_class.chat_template == async_grpo.VERBATIM
-    assert tokenizer.chat_template == own and getattr(tokenizer, "response_template", None) is None
+    assert tokenizer.chat_template == own and tokenizer.response_template == own_response
 
 
 def test_a_running_server_must_serve_the_model_under_its_path(tmp_path):
@@ -413,7 +413,8 @@ def test_the_stage_trains_on_trl_asynchronous_trainer_and_hands_on_the_model(wri
     st = rec.stages[0]
     ctx = StageContext(recipe=rec, stage=st, dir=tmp_path / "rl", model=model, datasets={})
     ctx.dir.mkdir()
-    own = AutoTokenizer.from_pretrained(model).chat_template
+    own = AutoTokenizer.from_pretrained(model)
+    own, own_response = own.chat_template, own.response_template
     with Servers(model, {"max_model_len": 512, "logprobs_mode": "processed_logprobs", "max_logprobs": -1}, log_dir=tmp_path,
                  name=model) as servers:
         st.trainer["vllm_server_base_url"] = servers.urls[0].removesuffix("/v1")
@@ -422,7 +423,7 @@ def test_the_stage_trains_on_trl_asynchronous_trainer_and_hands_on_the_model(wri
     assert out == ctx.dir / "model"
     for folder in (out, Path(rec.output_dir) / "rl" / "checkpoints" / "checkpoint-2"):  # the model's own templates, in checkpoints too
         saved = AutoTokenizer.from_pretrained(folder)
-        assert saved.chat_template == own and getattr(saved, "response_template", None) is None, folder
+        assert saved.chat_template == own and saved.response_template == own_response, folder
     before, after = load_file(Path(model) / "model.safetensors"), load_file(out / "model.safetensors")
     assert any(not torch.equal(before[k], after[k]) for k in before)  # it trained
     records = [json.loads(line) for line in (ctx.dir / "metrics.jsonl").read_text().splitlines()]

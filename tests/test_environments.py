@@ -247,3 +247,16 @@ def test_eval_plays_episodes_and_a_rerun_resumes(tiny_model, tmp_path):
     calls = []
     again = evaluate(bench, tmp_path / "ev", settings, model=str(tiny_model), backend="transformers", sampler=lambda: calls.append(1))
     assert again["pass@1"] == summary["pass@1"] and calls == []  # every episode journaled: nothing played twice
+
+
+def test_a_gym_style_environment_skyrl_gym_multi_turn_gsm8k(tok):
+    """skyrl-gym's multi-turn GSM8K through `step`: a wrong answer is answered with the next
+    instruction as a user turn, the right one ends the episode; the reward is the steps' sum."""
+    specs = from_recipe({"name": "skyrl_gym", "args": {"env_id": "gsm8k_multi_turn", "extras": {"max_turns": 3}}}, "environment")
+    eps, [t], [record] = play(tok, specs, [{"answer": "7"}], [["I think #### 5<|im_end|>", "So #### 7<|im_end|>", "more<|im_end|>"]])
+    text = tok.decode(t.ids)
+    assert t.turns == 2 and "<|im_start|>user\nPlease provide your step-by-step reasoning" in text
+    assert record["reward"] == pytest.approx(1.0 + 0.2 / 3) and record["failure"] is None  # one formatted miss, then right
+    assert [m["role"] for m in eps.conversations[0]] == ["user", "assistant", "user", "assistant"]
+    written = tok.decode([i for i, m in zip(t.ids, t.mask) if m == 0])
+    assert "step-by-step" in written and "#### 5" not in written and "#### 7" not in written

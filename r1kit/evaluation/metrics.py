@@ -5,7 +5,9 @@
   (the evaluator asks the registry, as a recipe does) and vote by `majority_votes`; multiple-choice
   samples by the letter r1kit.evaluation.choices reads (as the ``multiple_choice`` reward reads
   it), voting letter by letter; code samples by r1kit.execution.judge (as the ``code_tests``
-  reward judges), which also says why a sample failed, with no vote. A new domain is one row.
+  reward judges), which also says why a sample failed, with no vote; reasoning-gym samples by
+  the registered ``reasoning_gym`` reward (its task's scorer: correct at score 1.0), voting by
+  the exact answer string. A new domain is one row.
 - `score(problems, completions)`: one samples.jsonl row per completion, through `DOMAINS`.
 - `pass_at_k(n, c, k)`: Chen et al. (2021)'s unbiased estimator 1 - C(n-c, k) / C(n, k).
 - `majority_votes(answer_lists)`: the winning answer of each problem; answers the verifier
@@ -212,13 +214,24 @@ def _judge_code(problems, texts, prefilled, fallback, limits) -> list[dict]:
     return [{"correct": v.ok if v.total else None, "reason": v.reason, "tests": [v.passed, v.total]} for v in verdicts]
 
 
+def _judge_reasoning_gym(problems, texts, prefilled, fallback, limits) -> list[dict]:
+    """The registered ``reasoning_gym`` reward's scores (its task's scorer), and the answer reasoning-gym extracts."""
+    from r1kit import reward_registry
+    from r1kit.environments.reasoning_gym import extract
+
+    scores = reward_registry.build("reasoning_gym")(texts, reasoning_gym=[p.row["reasoning_gym"] for p in problems])
+    return [{"answer": extract(text), "reference": p.answer, "correct": None if v is None else v == 1.0, "score": v}
+            for p, text, v in zip(problems, texts, scores)]
+
+
 def _judge_environment(problems, texts, prefilled, fallback, limits) -> list[dict]:
     """Nothing from the text: an episode's verdict is its environment's (`_episode`)."""
     return [{"answer": None, "reference": p.answer} for p in problems]
 
 
 def _vote_letters(answer_lists: list[list[str | None]]) -> list[int | None]:
-    """For each problem's letters, the index of the first sample of the most frequent (ties: the first seen)."""
+    """For each problem's letters (or other exact answers), the index of the first sample of the
+    most frequent (ties: the first seen)."""
     out = []
     for answers in answer_lists:
         votes = Counter(a for a in answers if a is not None)
@@ -245,6 +258,8 @@ DOMAINS = {
     "math": Domain(judge=_judge_math, vote=majority_votes),
     "choice": Domain(judge=_judge_choice, vote=_vote_letters),
     "code": Domain(judge=_judge_code, vote=None, runs_code=True),
+    # A reasoning-gym task's problem: correct at its scorer's full score; a vote over exact answer strings.
+    "reasoning_gym": Domain(judge=_judge_reasoning_gym, vote=_vote_letters),
     # A problem evaluated in an environment: solved when the episode's reward reaches SOLVED.
     "environment": Domain(judge=_judge_environment, vote=None),
 }

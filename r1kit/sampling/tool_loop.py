@@ -77,10 +77,12 @@ class World(Protocol):
         """Whether the turn so far (`tokens`) ends here (r1kit's decoding loop asks after each token)."""
         ...
 
-    def reply(self, turns: list[tuple[Transcript, list[int], bool]]) -> list[list[int] | None]:
-        """For each rollout whose turn ended (its transcript, the turn's tokens, whether it ended at
-        the end of the sequence): the tokens to append (written by the world: masked out), or
-        None where the rollout ends. Calls of one turn may run together."""
+    def reply(self, turns: list[tuple[Transcript, list[int], str]]) -> list[list[int] | None]:
+        """For each rollout whose turn ended (its transcript, the turn's tokens, how it ended:
+        ``eos`` at the end of the sequence, ``stop`` where `stop` said or the turn's tokens ran
+        out, ``cut`` where the rollout's room did): the tokens to append (written by the world:
+        masked out), or None where the rollout ends (a ``cut`` rollout ends whatever the reply).
+        Calls of one turn may run together."""
         ...
 
 
@@ -111,8 +113,8 @@ class Fences:
 
     def reply(self, turns):
         replies: list[list[int] | None] = [None] * len(turns)
-        pending = [(k, t, *found) for k, (t, tokens, at_end) in enumerate(turns)
-                   if not at_end and (found := self._callable(t, tokens)) is not None]
+        pending = [(k, t, *found) for k, (t, tokens, how) in enumerate(turns)
+                   if how == "stop" and (found := self._callable(t, tokens)) is not None]
         for tool in self.tools:  # each tool runs its blocks of the turn as one batch
             mine = [(k, t, code) for k, t, used, code in pending if used is tool]
             results = tool.run([code for _, _, code in mine], [t.blocks for _, t, _ in mine])
@@ -157,16 +159,16 @@ def rollouts(
 
         turn_budget = budget if world.turn_tokens is None else min(budget, world.turn_tokens)
         new = step(turn_prompts, turn_counts, turn_budget, stop)
-        ended: list[tuple[int, list[int], bool]] = []
+        ended: list[tuple[int, list[int], str]] = []
         for r, tokens in zip(live, new):
             room = max_tokens - len(out[r].ids)
             tokens = tokens[:room]
             out[r].ids += tokens
             out[r].mask += [1] * len(tokens)
             out[r].turns += 1
-            if tokens and len(out[r].ids) < max_tokens:
-                ended.append((r, tokens, tokens[-1] in eos_ids))
-        replies = world.reply([(out[r], tokens, at_end) for r, tokens, at_end in ended])
+            if tokens:
+                ended.append((r, tokens, "cut" if len(out[r].ids) >= max_tokens else "eos" if tokens[-1] in eos_ids else "stop"))
+        replies = world.reply([(out[r], tokens, how) for r, tokens, how in ended])
         live = []
         for (r, _, _), reply in zip(ended, replies):
             if reply is None:

@@ -2,7 +2,7 @@
 
     - name: eval
       kind: eval
-      benchmarks: [aime24, math500, humaneval, task:addition, data/my_bench.jsonl]
+      benchmarks: [aime24, math500, humaneval, task:addition, reasoning_gym:chain_sum, data/my_bench.jsonl]
       samples: 16                     # k per problem; the paper uses up to 64 (AIME)
       max_tokens: 32768
       template: r1_zero               # as the grpo stage's default, so a trained model sees its prompt
@@ -12,8 +12,8 @@ Each benchmark is evaluated by `r1kit.evaluation.evaluate.evaluate` (the code be
 interrupted stage resumes generate call by generate call (r1kit.sampling.jobs).
 ``<stage>/results.md`` holds one markdown table of all benchmarks, and the stage's metrics carry
 ``<benchmark>/pass@1``, ``cons@k`` (math) and ``pass@k`` for the run report. ``task:``
-arguments apply to every task benchmark, or per task when its keys name the stage's task
-benchmarks: ``task: {last_digit: {n: 200}, functions: {n: 150}}``.
+arguments apply to every task benchmark (``task:NAME`` and ``reasoning_gym:NAME``), or per task
+when its keys name the stage's task benchmarks: ``task: {last_digit: {n: 200}, chain_sum: {size: 50}}``.
 ``since`` / ``until`` (YYYY-MM-DD) keep dated problems in a window (``benchmarks:
 [livecodebench], since: "2024-08-01"``): a stage with a window evaluates dated benchmarks only.
 The model is loaded once, on the first benchmark that has problems left. The stage hands
@@ -47,22 +47,25 @@ from r1kit.stages import hooks
 from r1kit.stages.base import StageContext, StageKind, StageResult
 
 log = logging.getLogger("r1kit")
+TASK_PREFIXES = ("task:", "reasoning_gym:")
+"""The prefixes of benchmarks generated from `task:` arguments."""
 
 
 @dataclass(kw_only=True)
 class EvalStage(StageConfig, ev.Protocol, EngineConfig, BenchmarkFields):
     benchmarks: list[str]
     """Built-in names (math: aime24, aime25, math500, amc23, gsm8k; code: humaneval, mbpp,
-    livecodebench), task:NAME, or .jsonl/.json/.parquet files."""
+    livecodebench), task:NAME, reasoning_gym:NAME, or .jsonl/.json/.parquet files."""
     task: dict[str, Any] = field(default_factory=dict)
-    """Arguments of task:NAME benchmarks (see r1kit.offline.tasks), for all of them or keyed by task name."""
+    """Arguments of task:NAME benchmarks (see r1kit.offline.tasks) and reasoning_gym:NAME ones (size,
+    seed and the task's settings), for all of them or keyed by task name."""
 
 
 def task_args(stage: EvalStage, source: str) -> dict:
     """The task arguments of benchmark `source` (see the module docstring)."""
-    tasks = {b[5:] for b in stage.benchmarks if b.startswith("task:")}
+    tasks = {benchmark_name(b) for b in stage.benchmarks if b.startswith(TASK_PREFIXES)}
     if stage.task and set(stage.task) <= tasks:
-        return stage.task.get(source[5:], {})
+        return stage.task.get(benchmark_name(source), {})
     return stage.task
 
 
@@ -104,6 +107,13 @@ def check(stage: EvalStage) -> None:
 
             if names[-1] not in TASKS:
                 raise RecipeError(f"{stage.name}.benchmarks[{i}]: unknown task {names[-1]!r}{suggest(names[-1], list(TASKS))}; tasks: {', '.join(TASKS)}")
+        if source.startswith("reasoning_gym:"):
+            from r1kit.environments import reasoning_gym
+
+            try:
+                reasoning_gym.config(names[-1], task_args(stage, source), seed=reasoning_gym.EVAL_SEED)
+            except RecipeError as exc:
+                raise RecipeError(f"{stage.name}.benchmarks[{i}]: {exc}") from None
         if names.count(names[-1]) > 1:
             raise RecipeError(f"{stage.name}.benchmarks[{i}]: a second benchmark named {names[-1]!r} (each gets the folder <stage>/<name>)")
 

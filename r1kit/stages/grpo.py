@@ -158,12 +158,13 @@ def check_environment(stage: GRPOStage, specs: list) -> None:
         raise RecipeError(f"{stage.name}.template: {problem}")
     if stage.tools:
         raise RecipeError(f"{stage.name}.tools: fenced-code tools and an environment do not mix; the environment's methods are its tools")
+    gym_style = [not s.tools for s in specs]
+    if any(gym_style) and not all(gym_style):
+        raise RecipeError(f"{stage.name}.environment: function-calling environments (TRL's environment loop) and gym-style ones "
+                          "(step, no tools: r1kit's rollout function) do not mix in one stage")
     for i, spec in enumerate(specs):
         where = f"{stage.name}.environment" + (f"[{i}]" if len(specs) > 1 else "")
-        if spec.has_step and not spec.tools:
-            raise RecipeError(f"{where}: {spec.config.name} answers free text (step), which TRL's trainer cannot play (it runs function calls); "
-                              "evaluate it (eval, rejection stages), or give it tools")
-        if spec.config.turn_tokens is not None:
+        if spec.tools and spec.config.turn_tokens is not None:
             raise RecipeError(f"{where}.turn_tokens: TRL's trainer bounds a whole rollout (trainer.max_completion_length), not a turn; leave it out")
     if stage.max_staleness is not None:
         raise RecipeError(f"{stage.name}.max_staleness: not with an environment (TRL's environment loop runs in the trainer's step); leave one out")
@@ -252,6 +253,7 @@ def run(ctx: StageContext) -> StageResult:
         share_prompts=stage.share_prompts,
         dynamic_sampling_rounds=stage.dynamic_sampling_max_rounds if stage.dynamic_sampling else None,
         tools=stage.load_tools() if stage.tools else None,
+        environments=[s for s in specs if not s.tools] or None,
         max_staleness=stage.max_staleness,
         where=f"{ctx.recipe.source}: {stage.name}.",
     )
@@ -265,7 +267,7 @@ def run(ctx: StageContext) -> StageResult:
         peft_config=lora.lora_config(stage),
         quantization_config=lora.quantization_config(stage),
         features=features,
-        **({"environment_factory": trl_factory(specs)} if specs else {}),
+        **({"environment_factory": trl_factory(specs)} if specs and specs[0].tools else {}),
     )
     trainer.add_callback(clock.log_steps(trainer, env_figures))
     sizes = lora.parameters(trainer.model)

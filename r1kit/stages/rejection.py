@@ -76,7 +76,7 @@ import os
 import random
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterator, Literal
+from typing import Any, Iterator, Literal
 
 from r1kit import data as data_lib
 from r1kit import reward_registry
@@ -135,6 +135,9 @@ class RejectionStage(PromptStageConfig, SamplingConfig, EngineConfig, ToolFields
     """Filters of the passing samples (r1kit.filters)."""
     mix: MixConfig = field(default_factory=MixConfig)
     """Non-reasoning conversations mixed into the SFT rows."""
+    environment: Any = None
+    """An environment each sample talks to (r1kit.environments); its reward counts, weighed, in the
+    sample's total, and a kept row holds the whole conversation (``messages``, with ``tools``)."""
 
 
 TOLERANCE = 1e-9
@@ -144,13 +147,23 @@ TOLERANCE = 1e-9
 def check(stage: RejectionStage) -> None:
     from r1kit.text import SCRIPTS
 
-    check_prompting(stage, "a rejection stage needs at least one reward to verify samples")
-    hooks.check_engine(stage, prefill=stage.think_prefill, tools=bool(stage.tools))
+    specs = environments(stage)
+    owned = bool(specs) and all(s.has_reward for s in specs)  # the environment owns the reward
+    check_prompting(stage, None if owned else "a rejection stage needs at least one reward to verify samples, or an environment with get_reward")
+    hooks.check_engine(stage, prefill=stage.think_prefill, tools=bool(stage.tools) or bool(specs))
+    if specs:
+        from r1kit.environments.episodes import template_problem
+
+        problem = "fenced-code tools and an environment do not mix" if stage.tools else template_problem(stage.template, stage.think_prefill)
+        if problem:
+            raise RecipeError(f"{stage.name}.{'tools' if stage.tools else 'template'}: {problem}")
+        if stage.mix.source is not None:
+            raise RecipeError(f"{stage.name}.mix: not with an environment (its rows are whole conversations with tools); leave mix out")
     if problem := chat_problem(stage.endpoint, stage.template):
         raise RecipeError(f"{stage.name}.{problem}")
     stage.check_tools(f"{stage.name}.tools")
     best = reward_registry.best_total(reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards"))
-    if best is not None and stage.min_total > best + TOLERANCE:
+    if best is not None and not specs and stage.min_total > best + TOLERANCE:
         raise RecipeError(
             f"{stage.name}.min_total: {stage.min_total:g} can never be reached: with these weights a sample scores at most "
             f"{best:g}; lower min_total or raise a reward's weight"
@@ -199,7 +212,15 @@ def row_keys(stage: RejectionStage) -> tuple[str, ...]:
     # Only chat rows carry `messages`: the sft stage's `format: auto` then picks the form that
     # reproduces the sampled text (messages for chat, prompt/completion otherwise).
     rest = ("prompt", "completion", "id", "sample", "rewards", "reward_total", "tokens", "sampling", "origin")
+    if stage.environment is not None:  # a conversation with the environment: the messages are the row
+        return ("messages", "tools") + rest + ("episode",)
     return (("messages",) if stage.template == "chat" else ()) + rest + (("tool_calls",) if stage.tools else ())
+
+
+def environments(stage: RejectionStage) -> list:
+    from r1kit.environments import from_recipe
+
+    return from_recipe(stage.environment, f"{stage.name}.environment")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,10 +233,20 @@ class Prompts:
 
     def __init__(self, ctx: StageContext, rows, rewards):
         self.ctx, self.rows, self.rewards = ctx, rows, rewards
+        self.specs = environments(ctx.stage)
 
     def request(self, chunk: Chunk, sampler: Sampler) -> Request:
         stage = self.ctx.stage
         questions = self.rows[chunk.start : chunk.stop][stage.data.prompt]
+        if self.specs:  # each sample an episode: its environment reset from the row, its own prompt
+            from r1kit.environments.episodes import Episodes
+
+            episodes = Episodes(self.specs, sampler.tokenizer)
+            batch = self.rows.select(range(chunk.start, chunk.stop)).to_list()
+            prompts = episodes.start([r for r in batch for _ in range(stage.samples)], [q for q in questions for _ in range(stage.samples)],
+                                     stage.template)
+            params = SamplingParams(stage.temperature, stage.top_p, stage.max_tokens, seed=self.ctx.recipe.seed + chunk.start * stage.samples)
+            return Request(prompts, 1, params, episodes)
         prompts = [templates.render(stage.template, q, sampler.tokenizer, stage.think_prefill) for q in questions]
         # Seeds partition by prompt position: a chunk samples the same whether or not a run resumed.
         params = SamplingParams(stage.temperature, stage.top_p, stage.max_tokens, seed=self.ctx.recipe.seed + chunk.start * stage.samples)
@@ -226,14 +257,23 @@ class Prompts:
         ctx, stage, cfg, n = self.ctx, self.ctx.stage, self.ctx.stage.data, self.ctx.stage.samples
         batch, prompts, params = self.rows[chunk.start : chunk.stop], request.prompts, request.params  # column -> list
         questions = batch[cfg.prompt]
+        episodes = None
+        if self.specs:  # one prompt per sample: regrouped by row, the episodes' records alongside
+            flat = [c for group in samples for c in group]
+            episodes = request.tools.records([c.turns or 0 for c in flat])
+            samples, prompts = [flat[j * n : (j + 1) * n] for j in range(len(questions))], prompts[::n]
         ids = [str(x) for x in batch[stage.id_column]] if stage.id_column in batch else [str(i) for i in range(chunk.start, chunk.stop)]
         texts = [c.text for group in samples for c in group]
         # The rewards see what they see in a grpo stage: the rendered prompt and the other columns.
         hidden = {cfg.prompt, "prompt", "completion", "messages"}
         columns = {k: [v for v in vs for _ in range(n)] for k, vs in batch.items() if k not in hidden}
-        columns["prompt"] = [p for p in prompts for _ in range(n)]
+        columns["prompt"] = list(request.prompts) if episodes else [p for p in prompts for _ in range(n)]
         scores = reward_registry.score(self.rewards, texts, **columns)
-        totals = reward_registry.weighted_total(scores, self.rewards)
+        totals = reward_registry.weighted_total(scores, self.rewards) if self.rewards else [0.0] * len(texts)
+        for spec in self.specs if episodes else []:  # each environment's reward, weighed, on its own episodes
+            mine = [e["reward"] if e["environment"] == spec.label else None for e in episodes]
+            scores[f"env_{spec.label}"] = mine
+            totals = [t + (spec.config.weight * r if r is not None else 0.0) for t, r in zip(totals, mine)]
         provenance = {"model": ctx.model, "backend": sampler.backend, "temperature": params.temperature}
         provenance |= {"top_p": params.top_p, "max_tokens": params.max_tokens, "seed": params.seed}
         prefill = templates.THINK_PREFILL if stage.think_prefill else ""
@@ -249,10 +289,12 @@ class Prompts:
                     if reason is not None:
                         continue
                     row = {
-                        "messages": [
+                        "messages": request.tools.conversations[j * n + k] if episodes else [
                             {"role": "user", "content": templates.chat_user_turn(question)},
                             {"role": "assistant", "content": prefill + c.text},
                         ],
+                        "tools": list(request.tools.guarded[j * n + k].spec.tools.values()) or None if episodes else None,
+                        "episode": episodes[j * n + k] if episodes else None,
                         "prompt": prompt,
                         "completion": c.text,
                         "id": ids[j],

@@ -13,7 +13,8 @@ student samples alike.
   generation as TRL does), drawing with the trainer's temperature and top-p, each call in
   `generation_region` (one bfloat16 autocast region with ``bf16`` on a CPU).
 - `tool_rollout_func(trainer, tools)`: TRL's ``rollout_func`` for rollouts that call tools
-  (r1kit.sampling.tool_loop), with r1kit's loop or, with ``use_vllm``, TRL's vLLM engine.
+  (r1kit.sampling.tool_loop), with r1kit's loop or, with ``use_vllm``, TRL's vLLM engine;
+  `env_rollout_func(trainer, specs)` the same for gym-style environments.
 
 The trainer subclasses in r1kit.trainers.trl_overrides call these; nothing else here touches TRL's
 objects beyond reading them.
@@ -121,6 +122,47 @@ def loop_step(trainer) -> Step:
     return step
 
 
+def vllm_step(trainer, stop: list[str]) -> Step:
+    """A step function on TRL's colocated or server vLLM engine, each turn ending at `stop` or
+    the end of the sequence; one process only (the turns of one would wait on another's)."""
+    if trainer.accelerator.num_processes > 1:
+        raise RecipeError("multi-turn rollouts with use_vllm run on one process for now; launch one process, or set use_vllm: false")
+    trainer.vllm_generation.generation_kwargs = {**trainer.vllm_generation.generation_kwargs, "stop": stop or None,
+                                                 "include_stop_str_in_output": True}
+
+    def step(prompts, counts, max_tokens, stop=None):
+        flat = [p for p, n in zip(prompts, counts) for _ in range(n)]
+        _, completion_ids, _, _ = trainer.vllm_generation.generate(prompts=flat, images=None, num_generations=1)
+        return [list(ids)[:max_tokens] for ids in completion_ids]
+
+    return step
+
+
+def env_rollout_func(trainer, specs: list, loop: bool) -> Callable:
+    """TRL's ``rollout_func`` for gym-style environments (``step``, no tools: TRL's own loop plays
+    function calls only): r1kit's turn loop with r1kit.environments.episodes.Episodes as its
+    world, each rollout's environment reset from its row (``trainer.batch_rows``). TRL gets the
+    environment's tokens marked 0 in its tool mask and the episode records as ``env_records``
+    (for r1kit.environments.episodes.trl_reward). With `loop` r1kit's decoding loop generates the
+    turns, else TRL's vLLM engine."""
+    from r1kit.environments.episodes import Episodes
+    from r1kit.sampling import tool_loop
+
+    tokenizer = trainer.processing_class
+    eos_ids = set(trainer.eos_token_ids)
+    step = loop_step(trainer) if loop else vllm_step(trainer, [])
+
+    def rollout(prompts, trainer):
+        episodes = Episodes(specs, tokenizer)
+        episodes.start_conversations(trainer.batch_rows, prompts)
+        transcripts = tool_loop.rollouts(step, episodes.prompts, [1] * len(prompts), trainer.max_completion_length, episodes,
+                                         tokenizer, eos_ids)
+        return {"prompt_ids": episodes.prompts, "completion_ids": [t.ids for t in transcripts], "logprobs": None,
+                "env_mask": [t.mask for t in transcripts], "env_records": episodes.records([t.turns for t in transcripts])}
+
+    return rollout
+
+
 def tool_rollout_func(trainer, tools: list, loop: bool) -> Callable:
     """TRL's ``rollout_func`` for rollouts that call `tools` (r1kit.sampling.tool_loop): TRL gets
     each rollout's tokens with the tools' outputs marked 0 in its tool mask (``env_mask``), so they
@@ -131,18 +173,7 @@ def tool_rollout_func(trainer, tools: list, loop: bool) -> Callable:
 
     tokenizer = trainer.processing_class
     eos_ids = set(trainer.eos_token_ids)
-    if loop:
-        step = loop_step(trainer)
-    else:
-        if trainer.accelerator.num_processes > 1:
-            raise RecipeError("tools with use_vllm run on one process for now; launch one process, or set use_vllm: false")
-        trainer.vllm_generation.generation_kwargs = {**trainer.vllm_generation.generation_kwargs, "stop": [tools_lib.CLOSE],
-                                                     "include_stop_str_in_output": True}
-
-        def step(prompts, counts, max_tokens, stop):
-            flat = [p for p, n in zip(prompts, counts) for _ in range(n)]
-            _, completion_ids, _, _ = trainer.vllm_generation.generate(prompts=flat, images=None, num_generations=1)
-            return [list(ids)[:max_tokens] for ids in completion_ids]
+    step = loop_step(trainer) if loop else vllm_step(trainer, [tools_lib.CLOSE])
 
     def rollout(prompts, trainer):
         ids = tokenizer(text=prompts)["input_ids"]

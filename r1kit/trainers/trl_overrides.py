@@ -154,6 +154,8 @@ class Features:
     dynamic_sampling_rounds: int | None = None
     """DAPO's dynamic sampling with at most this many refill rounds; None: off."""
     tools: list | None = None
+    environments: list | None = None
+    """Gym-style environments (r1kit.environments.Spec) whose turns r1kit's rollout function plays."""
     max_staleness: int | None = None
     """Asynchronous generation at most this many optimizer steps ahead; None: in the trainer's step."""
     where: str = ""
@@ -183,6 +185,11 @@ class GRPOTrainer(trl.GRPOTrainer):
             self.rollout_func = rollouts.tool_rollout_func(self, features.tools, loop)
             self.paths["tool_rollouts"] = "on: r1kit's decoding loop" if loop else "on: TRL's vLLM engine"
             self.paths["r1kit_decoding_loop"] = "off: tools (the tool rollouts' own loop)"
+        elif features.environments:
+            loop = not self.use_vllm
+            self.rollout_func = rollouts.env_rollout_func(self, features.environments, loop)
+            self.paths["tool_rollouts"] = f"on: a gym-style environment's turns, {'r1kit' if loop else 'vLLM'}'s decoding loop"
+            self.paths["r1kit_decoding_loop"] = "off: environment (the rollouts' own loop)"
         else:
             self.paths["tool_rollouts"] = "off: no tools"
             self.loop, self.paths["r1kit_decoding_loop"] = _loop_path(
@@ -323,6 +330,7 @@ class GRPOTrainer(trl.GRPOTrainer):
         return rewards
 
     def _generate_and_score_completions(self, inputs):
+        self.batch_rows = inputs  # the rows of the prompts a rollout function gets (gym-style environments reset from them)
         batch = super()._generate_and_score_completions(inputs)
         if self.generator is not None and self.model.training:
             if self.use_vllm:  # TRL's importance-sampling correction: TRL logs the ratio, r1kit the share it bounds
