@@ -31,7 +31,7 @@ $(VENV)/.floor: $(VENV)/.installed
 	$(PY) -m pip download -q --no-deps -d $(VENV)/floor transformers==5.17.0
 	touch $@
 
-.PHONY: install test demo tools-demo distill-demo r1-zero-demo docs constraints
+.PHONY: install test demo tools-demo guess-demo distill-demo r1-zero-demo docs constraints
 install: $(VENV)/.installed
 
 test: $(VENV)/.installed $(VENV)/.vllm $(VENV)/.floor $(VENV)/.environments
@@ -42,6 +42,9 @@ demo: $(VENV)/.installed
 
 tools-demo: $(VENV)/.installed
 	$(VENV)/bin/r1kit run recipes/tools_demo.yaml
+
+guess-demo: $(VENV)/.installed
+	$(VENV)/bin/r1kit run recipes/guess_demo.yaml
 
 distill-demo: $(VENV)/.installed
 	$(VENV)/bin/r1kit run recipes/distill_demo.yaml

@@ -35,7 +35,8 @@ from r1kit.environments.episodes import Episodes
 from r1kit.hardware import cpu
 from r1kit.hardware.precision import describe_cpu
 from r1kit.sampling import tool_loop
-from r1kit.sampling.decode import Nucleus, decode
+from r1kit.sampling import decode as decoding
+from r1kit.sampling.decode import Nucleus
 
 
 class Echo:
@@ -83,7 +84,7 @@ def main() -> None:
     questions = [f"Count with me from {i}." for i in range(args.rollouts)]
 
     def step(prompts, counts, max_tokens, stop=None):
-        return decode(model, prompts, counts, max_tokens, draw, set(), pad, stop)
+        return decoding.decode(model, prompts, counts, max_tokens, draw, set(), pad, stop)
 
     def multi_turn():
         world = EveryTurn([spec], tok)

@@ -260,3 +260,33 @@ def test_a_gym_style_environment_skyrl_gym_multi_turn_gsm8k(tok):
     assert [m["role"] for m in eps.conversations[0]] == ["user", "assistant", "user", "assistant"]
     written = tok.decode([i for i, m in zip(t.ids, t.mask) if m == 0])
     assert "step-by-step" in written and "#### 5" not in written and "#### 7" not in written
+
+
+def test_guess_games_and_their_cold_start_turns():
+    from r1kit.environments.guess import Guess
+    from r1kit.offline.tasks import guess as games
+
+    episodes = games(50)
+    assert {r["prompt"] for r in episodes} == {"Find the secret number from 1 to 8."} and {r["secret"] for r in episodes} <= set(range(1, 9))
+    assert games(50) == episodes and games(50, seed=1) != episodes
+    turns = games(400, demos=True)
+    schema = json.loads(turns[0]["tools"])[0]
+    assert schema["function"]["name"] == "guess"
+    for row in turns:  # each turn follows the conversation so far; the game's replies are the environment's own
+        env = Guess()
+        calls = [m["tool_calls"][0]["function"]["arguments"]["number"] for m in row["prompt"] if m.get("tool_calls")]
+        replies = [m["content"] for m in row["prompt"] if m["role"] == "tool"]
+        assert len(calls) == len(replies) and "correct" not in replies[:-1]
+        done = replies[-1:] == ["correct"]
+        assert (row["completion"][0].get("tool_calls") is None) == done
+        secret = next(s for s in range(1, 9) if (env.reset(secret=s), [env.guess(c) for c in calls])[1] == replies)
+        if not done:
+            number = row["completion"][0]["tool_calls"][0]["function"]["arguments"]["number"]
+            assert number not in calls and 1 <= number <= 8 and secret is not None  # blind: never a number guessed already
+    informed = games(400, demos=True, informed=1.0)
+    for row in informed:  # every guess the replies allow
+        calls = [m["tool_calls"][0]["function"]["arguments"]["number"] for m in row["prompt"] if m.get("tool_calls")]
+        replies = [m["content"] for m in row["prompt"] if m["role"] == "tool"]
+        if row["completion"][0].get("tool_calls"):
+            n = row["completion"][0]["tool_calls"][0]["function"]["arguments"]["number"]
+            assert all((n > c) if r == "higher" else (n < c) for c, r in zip(calls, replies))

@@ -1,10 +1,11 @@
 """``guess``: a stateful game played through function calls, r1kit's built-in environment.
 
-The model looks for a secret whole number between ``low`` and ``high`` by calling
-``guess(number)``; each call is answered ``higher``, ``lower`` or ``correct``. The episode's reward
-is 1 when a call found the number within ``max_guesses`` calls, else 0. Halving the range finds any
-number of 1..16 in four calls; guessing blind takes eight on average: the feedback is what there
-is to learn.
+The model looks for a secret whole number between ``low`` and ``high`` (1 and 8 by default) by
+calling ``guess(number)``; each call is answered ``higher``, ``lower`` or ``correct``. The
+episode's reward is 1 when a call found the number within ``max_guesses`` calls (4), else 0.
+Halving the range finds any number of 1..8 in four calls; four blind guesses find it half the
+time: the feedback is what there is to learn. With ``feedback: false`` every miss is answered
+``wrong`` (a control: the same game without the information).
 
 The secret comes from the row's ``secret`` field (an eval's episodes are then the same on every
 run), else from ``seed`` and the episode count.
@@ -20,10 +21,10 @@ import random
 class Guess:
     """Find a secret number in [low, high]; each guess is answered higher, lower or correct."""
 
-    def __init__(self, low: int = 1, high: int = 16, max_guesses: int = 6, seed: int = 0):
+    def __init__(self, low: int = 1, high: int = 8, max_guesses: int = 4, seed: int = 0, feedback: bool = True):
         if not low < high:
             raise ValueError(f"guess: low must be below high, got {low} and {high}")
-        self.low, self.high, self.max_guesses = low, high, max_guesses
+        self.low, self.high, self.max_guesses, self.feedback = low, high, max_guesses, feedback
         self.rng = random.Random(seed)
         self.secret, self.guesses, self.solved = low, 0, False
 
@@ -46,6 +47,8 @@ class Guess:
         if int(number) == self.secret:
             self.solved = True
             return "correct"
+        if not self.feedback:
+            return "wrong"
         return "higher" if self.secret > int(number) else "lower"
 
     def get_reward(self) -> float:

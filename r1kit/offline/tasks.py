@@ -14,6 +14,8 @@ demo's task: one step at a time it is easy, in one go it is not). `multiply`: pr
 multi-digit numbers, worked by one call of the python tool (r1kit.execution.tools).
 Code: `functions`: write ``f(x) = (a*x+b) % 10`` from two of its values; the tests also check it
 at points the prompt does not show.
+Games: `guess`: episodes of the ``guess`` environment (r1kit.environments.guess), or cold-start
+turns of played games (``demos: true``).
 `mix`: several tasks in one shuffled dataset, ``{last_digit: {n: 1000}, functions: {n: 500}}``.
 Each task takes `direct`, the share of demonstrations that answer with an empty chain of thought.
 The split is a pure function of the problem (a hash), so train and test never share a problem,
@@ -202,6 +204,60 @@ def functions(n: int = 1000, split: str = "train", seed: int = 0, direct: float 
     return _rows("functions", 1, draw, n, split, seed, direct, "functions", tests)
 
 
+def guess(n: int = 1000, split: str = "train", seed: int = 0, high: int = 8, guesses: int = 4, demos: bool = False,
+          informed: float = 0.0) -> list[dict]:
+    """`n` games of the ``guess`` environment (r1kit.environments.guess: find a secret number from
+    1 to `high` in `guesses` calls, each answered higher, lower or correct) from `split`.
+
+    Episode rows (GRPO, eval): ``prompt`` (the question), ``secret`` (which resets the game) and
+    ``answer``. With `demos`, cold-start rows instead, one per turn of a played game: ``prompt``
+    (the conversation so far), ``completion`` (the turn: a tool call, or after ``correct`` a
+    closing line) and ``tools`` (the game's tool, as JSON): SFT on them trains the turns, not the
+    game's replies. A demonstration guesses blind, a number not guessed yet, except for the share
+    `informed` of guesses, which take a number the replies so far allow. The split hashes the
+    game's key (secret and draw), so a test game never repeats a training game's key; with few
+    secrets the same secret appears in both."""
+    import json
+
+    from transformers.utils import get_json_schema
+
+    from r1kit.environments.guess import Guess
+
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be train or test, got {split!r}")
+    tool = get_json_schema(Guess.guess)
+    question = f"Find the secret number from 1 to {high}."
+    rng = random.Random(f"guess-{split}-{seed}")
+    rows, index = [], 0
+    while len(rows) < n:
+        secret, index = rng.randint(1, high), index + 1
+        if _is_test(f"guess-{seed}-{index}") != (split == "test"):
+            continue
+        if not demos:
+            rows.append({"id": f"guess-{split}-{len(rows)}", "prompt": question, "secret": secret, "answer": str(secret), "task": "game"})
+            continue
+        game, low, top = Guess(1, high, guesses), 1, high
+        game.reset(secret=secret)
+        conversation = [{"role": "user", "content": question}]
+        for _ in range(guesses):
+            pool = [x for x in range(low, top + 1)] if rng.random() < informed else list(range(1, high + 1))
+            number = rng.choice([x for x in pool if x not in {m["arguments"]["number"] for m in _calls(conversation)}] or pool)
+            call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "guess", "arguments": {"number": number}}}]}
+            rows.append({"id": f"guess-{split}-{len(rows)}", "prompt": list(conversation), "completion": [call], "tools": json.dumps([tool])})
+            reply = game.guess(number)
+            conversation += [call, {"role": "tool", "name": "guess", "content": reply}]
+            low, top = (number + 1, top) if reply == "higher" else (low, number - 1) if reply == "lower" else (low, top)
+            if reply == "correct":
+                done = {"role": "assistant", "content": f"Found it: {number}."}
+                rows.append({"id": f"guess-{split}-{len(rows)}", "prompt": list(conversation), "completion": [done], "tools": json.dumps([tool])})
+                break
+    return rows[:n]
+
+
+def _calls(conversation: list[dict]) -> list[dict]:
+    return [c["function"] for m in conversation for c in m.get("tool_calls") or []]
+
+
 def mix(split: str = "train", seed: int = 0, **parts: dict) -> list[dict]:
     """The rows of several tasks, shuffled together: ``mix(last_digit={"n": 100}, functions={"n": 50})``."""
     if not parts or "mix" in parts:
@@ -217,7 +273,8 @@ def mix(split: str = "train", seed: int = 0, **parts: dict) -> list[dict]:
     return rows
 
 
-TASKS = {"addition": addition, "chain": chain, "last_digit": last_digit, "multiply": multiply, "functions": functions, "mix": mix}
+TASKS = {"addition": addition, "chain": chain, "last_digit": last_digit, "multiply": multiply, "functions": functions, "guess": guess,
+         "mix": mix}
 
 
 def check(name: str, args: dict) -> None:

@@ -6,7 +6,9 @@
       trainer: {max_steps: 400, learning_rate: 1.0e-4}   # trl.SFTConfig fields, as they are
 
 Conversation rows (a `messages` list) train on the chat template; prompt/completion rows train on
-the completion only (TRL's completion-only loss). Column names come from the ``data:`` section.
+the completion only (TRL's completion-only loss), plain text or conversations (a turn of a game
+with an environment: the conversation so far, the model's next turn, and a ``tools`` column the
+chat template shows). Column names come from the ``data:`` section.
 The trained model is saved to ``<stage>/model`` and handed to the next stage; checkpoints go to
 ``<stage>/checkpoints`` and an interrupted stage resumes from the last one.
 
@@ -61,6 +63,8 @@ def _training_rows(ctx: StageContext):
     else:
         data_lib.require_columns(ds, [cfg.prompt, cfg.completion], source, what)
         keep = {cfg.prompt: "prompt", cfg.completion: "completion"}
+    if "tools" in ds.column_names:  # the tools a conversation's chat template shows (an environment's, as JSON)
+        keep["tools"] = "tools"
     ds = ds.select_columns(list(keep))
     return ds.rename_columns({k: v for k, v in keep.items() if k != v})
 
