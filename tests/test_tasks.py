@@ -106,5 +106,5 @@ def test_bad_arguments_are_one_line_errors():
 
     with pytest.raises(DataError, match=r"task:last_digit: direct must be between 0 and 1, got 1.5"):
         generate("last_digit", "train", {"direct": 1.5})
-    with pytest.raises(DataError, match="unknown task; tasks: addition, chain, last_digit, multiply, functions, mix"):
+    with pytest.raises(DataError, match="unknown task; tasks: addition, chain, last_digit, multiply, functions, guess, mix"):
         generate("countdown", "train", {})
