@@ -48,6 +48,27 @@ def tiny_model(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
 
 
+def taught(tiny_model: Path, texts: list[str], out: Path, steps: int = 150) -> Path:
+    """The tiny model trained on `texts` alone (Adam, `steps` steps over all of them), saved to
+    `out`: a model whose greedy continuation of each text's start is that text, for tests that
+    need a rollout to go a known way (call a tool, play a game)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    sequences = [torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]]) for text in texts]
+    torch.manual_seed(0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        sum(model(input_ids=ids, labels=ids).loss for ids in sequences).backward()
+        optimizer.step()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
 @pytest.fixture(scope="session")
 def cold_start(tmp_path_factory, tiny_model) -> Path:
     """The tiny model after a short SFT on one-digit addition: right format, about 20% right sums

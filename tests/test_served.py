@@ -22,6 +22,8 @@ pytestmark = [pytest.mark.served, pytest.mark.slow]
 from r1kit.evaluation import evaluate as ev  # noqa: E402
 from r1kit.evaluation.benchmarks import load_benchmark  # noqa: E402
 from r1kit.sampling.base import Endpoint, SamplingParams  # noqa: E402
+from conftest import taught  # noqa: E402
+from test_environment_parity import game, play  # noqa: E402
 
 QUESTION = "Compute six times seven.\n"
 TRANSCRIPT = "```python\nprint(6*7)\n```\n```output\n42\n```\nThe answer is 42."
@@ -29,22 +31,24 @@ TRANSCRIPT = "```python\nprint(6*7)\n```\n```output\n42\n```\nThe answer is 42."
 
 def scripted(tiny_model: Path, out: Path) -> Path:
     """The tiny model trained to write TRANSCRIPT after QUESTION (a tool call, its output, an
-    answer), so that a greedy rollout calls the python tool."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    answer), so that a greedy rollout calls the python tool, and to play the guess game of
+    test_environment_parity (a rollout in an environment, turn after turn)."""
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
-    ids = torch.tensor([tokenizer(QUESTION + TRANSCRIPT, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]])
-    torch.manual_seed(0)
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(150):
-        optimizer.zero_grad()
-        model(input_ids=ids, labels=ids).loss.backward()
-        optimizer.step()
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    return taught(tiny_model, [QUESTION + TRANSCRIPT + tokenizer.eos_token, game(tokenizer)], out, steps=200)
+
+
+def test_an_episode_over_the_endpoint_is_the_one_r1kits_loop_plays(model, remote):
+    """An environment's game played greedily over the served model, a request a turn, is the
+    transcript r1kit's loop plays in process (test_environment_parity: TRL's loop plays it too)."""
+    from r1kit.sampling import load_sampler
+
+    asked = remote.client.requests
+    there = play(remote)
+    assert remote.client.requests - asked == 3
+    here = play(load_sampler(str(model), "transformers"))
+    assert there == here and here[1]["reward"] == 1.0 and here[1]["calls"] == {"guess": 2}
 
 
 def server_pids(model: Path) -> list[int]:

@@ -159,7 +159,7 @@ def test_with_vllm_the_turns_stop_at_the_fence_and_run_on_one_process(tiny_model
     assert out["logprobs"] is None and len(out["env_mask"][0]) == len(out["completion_ids"][0])
 
     trainer.accelerator.num_processes = 2
-    with pytest.raises(RecipeError, match="tools with use_vllm run on one process"):
+    with pytest.raises(RecipeError, match="multi-turn rollouts with use_vllm run on one process"):
         tool_rollout_func(trainer, [Tool(ToolConfig(name="python"))], loop=False)
 
 
