@@ -178,6 +178,23 @@ _POOL: list[_Worker] = []
 _POOL_PID = os.getpid()
 
 
+def _start_forkserver() -> None:
+    """Start the forkserver, if it is not running, with Ctrl-C ignored: the disposition survives
+    its exec, so a Ctrl-C while it imports SymPy (its preload, seconds long) does not print a
+    KeyboardInterrupt traceback from it; Ctrl-C is the parent's to handle. Only the main thread
+    may set signal handlers: elsewhere the server starts as multiprocessing starts it."""
+    from multiprocessing import forkserver
+
+    if threading.current_thread() is not threading.main_thread():
+        forkserver.ensure_running()
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @dataclass
 class Job:
     ref: str
@@ -206,6 +223,7 @@ class _Worker:
         me = multiprocessing.current_process()
         daemonic = me._config.pop("daemon", None)
         try:
+            _start_forkserver()
             proc.start()
         finally:
             if daemonic is not None:
