@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from r1kit.environments import EnvironmentConfig, from_recipe, load
+from r1kit.environments import from_recipe
 from r1kit.environments.episodes import Episodes, trl_class, trl_reward
 from r1kit.errors import RecipeError
 from r1kit.offline.tiny import build_tokenizer

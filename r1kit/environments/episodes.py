@@ -172,6 +172,14 @@ class Episodes:
             return _reply_ids(self.tokenizer, [conversation[-1]], self.rendered)
         return None
 
+    def finish(self, completions: list) -> list[dict]:
+        """`records` of the rollouts' completions (r1kit.sampling.base.Completion, in order), each
+        also set on its completion: ``episode``, and ``tool_calls`` counting the episode's calls."""
+        records = self.records([c.turns or 0 for c in completions])
+        for c, record in zip(completions, records):
+            c.episode, c.tool_calls = record, sum(record["calls"].values())
+        return records
+
     def records(self, turns: list[int]) -> list[dict]:
         """Each rollout's episode record (environment, calls per tool, tool errors, failure,
         reward, turns as `turns` gives them), the environment's reward taken now."""

@@ -243,8 +243,7 @@ class Problems:
         problems = self.bench.problems
         if self.specs:  # the episodes' records ride on the completions: the environment domain's verdict
             flat = [c for row in completions for c in row]
-            for c, record in zip(flat, request.tools.records([c.turns or 0 for c in flat])):
-                c.episode, c.tool_calls = record, sum(record["calls"].values())
+            request.tools.finish(flat)
             k = self.settings.samples
             completions = [flat[i * k : (i + 1) * k] for i in range(chunk.stop - chunk.start)]
         # A prompt that opens <think> (think_prefill, or the template's own) leaves each completion inside it.

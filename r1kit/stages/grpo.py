@@ -81,6 +81,7 @@ from typing import Any, Callable, ClassVar
 from r1kit import data as data_lib
 from r1kit import reward_registry, templates
 from r1kit.config import PromptStageConfig
+from r1kit.environments import episodes
 from r1kit.errors import RecipeError
 from r1kit.execution import tools as tools_lib
 from r1kit.hardware import Machine
@@ -267,7 +268,7 @@ def run(ctx: StageContext) -> StageResult:
         peft_config=lora.lora_config(stage),
         quantization_config=lora.quantization_config(stage),
         features=features,
-        **({"environment_factory": trl_factory(specs)} if specs and specs[0].tools else {}),
+        **({"environment_factory": episodes.trl_factory(specs)} if specs and specs[0].tools else {}),
     )
     trainer.add_callback(clock.log_steps(trainer, env_figures))
     sizes = lora.parameters(trainer.model)
@@ -382,15 +383,7 @@ def trainer_defaults(stage: GRPOStage) -> dict:
 
 def env_rewards(specs: list, figures: dict) -> list[Callable]:
     """One TRL reward function per environment that owns its reward (r1kit.environments.episodes.trl_reward)."""
-    from r1kit.environments.episodes import trl_reward
-
-    return [trl_reward(spec, figures) for spec in specs if spec.has_reward]
-
-
-def trl_factory(specs: list):
-    from r1kit.environments.episodes import trl_factory as factory
-
-    return factory(specs)
+    return [episodes.trl_reward(spec, figures) for spec in specs if spec.has_reward]
 
 
 STAGE = StageKind(

@@ -260,9 +260,7 @@ class Prompts:
         episodes = None
         if self.specs:  # one prompt per sample: regrouped by row, the episodes' records alongside
             flat = [c for group in samples for c in group]
-            episodes = request.tools.records([c.turns or 0 for c in flat])
-            for c, episode in zip(flat, episodes):
-                c.tool_calls = sum(episode["calls"].values())
+            episodes = request.tools.finish(flat)
             samples, prompts = [flat[j * n : (j + 1) * n] for j in range(len(questions))], prompts[::n]
         ids = [str(x) for x in batch[stage.id_column]] if stage.id_column in batch else [str(i) for i in range(chunk.start, chunk.stop)]
         texts = [c.text for group in samples for c in group]
