@@ -3,7 +3,8 @@
 `load_rows(data, ctx)` returns a `datasets.Dataset`, after resolving an earlier stage's name to
 the dataset it wrote, renaming ``columns``, keeping the rows that match ``where`` and then the
 first ``limit``, setting the ``assign`` columns, and joining the rows of the ``also`` sources. `require_columns` turns a missing
-column into one line naming the source, the column and the columns that exist.
+column into one line naming the source, the column and the columns that exist; `columns_lacking` tells, before a run and
+without loading a dataset, a column that local .jsonl rows will lack.
 
 Not here: prompt formatting (r1kit.templates) and stage-specific column logic (each stage).
 """
@@ -153,6 +154,43 @@ def _source_rows(data: DataConfig, ctx):
             ds = ds.remove_columns(column)
         ds = ds.add_column(column, [value] * len(ds))
     return ds
+
+
+def columns_lacking(data: DataConfig, columns: list[str]) -> tuple[str, list[str]] | None:
+    """The first of `columns` that the rows of `data` will lack, with the columns they will have
+    (renamed, assigned, joined as the section says), where that is known without loading a dataset:
+    every source a local .jsonl file, read until each column is seen. None when none is lacking,
+    or when it cannot be told before the run (a hub dataset, a task, an earlier stage's rows)."""
+    have: set[str] = set()
+    for part in [data, *data.also]:
+        path = Path(part.source)
+        if path.suffix != ".jsonl" or not path.is_file():
+            return None
+        keys = _jsonl_keys(path, {part.columns.get(c, c) for c in columns})
+        if keys is None:
+            return None
+        keys = (keys - set(part.columns.values()) - set(part.columns)) | {new for new, old in part.columns.items() if old in keys}
+        names = {getattr(part, c): getattr(data, c) for c in ("prompt", "completion", "messages")}  # an also source's take the first's
+        have |= {names.get(k, k) for k in keys} | set(part.assign)
+    missing = [c for c in columns if c not in have]
+    return (missing[0], sorted(have)) if missing else None
+
+
+def _jsonl_keys(path: Path, wanted: set[str]) -> set[str] | None:
+    """The keys of the rows of `path`, read until every `wanted` one is seen; None for a file the run will refuse."""
+    keys: set[str] = set()
+    try:
+        with open(path, encoding="utf-8-sig") as f:
+            for line in f:
+                row = json.loads(line) if line.strip() else {}
+                if not isinstance(row, dict):
+                    return None
+                keys |= row.keys()
+                if wanted <= keys:
+                    break
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+        return None
+    return keys
 
 
 def require_columns(ds, columns: list[str], source: str, what: str) -> None:

@@ -33,6 +33,17 @@ A reward may declare the range of its scores as a function attribute, ``my_rewar
 1.0)``: a rejection stage whose ``min_total`` its rewards can never reach is then refused at
 validate time.
 
+A reward may also check its settings together, ``my_reward.check = fn(params) -> str | None``
+(all its parameters, defaults filled in; a one-line problem or None), run when the reward is
+built, so validate refuses them; and name the dataset columns it reads, ``my_reward.columns =
+fn(params) -> list[str]``, which validate compares with a stage's data where that is known
+without loading it (local .jsonl files: r1kit.data.columns_lacking).
+
+A reward that keeps files between runs (a judge's cache) keeps them in `folder()`: the running
+stage's folder in a run (``R1KIT_STAGE_DIR``, set while a stage runs, in its process and the
+processes it starts), else r1kit's cache folder (``R1KIT_CACHE``, else ``$XDG_CACHE_HOME/r1kit``,
+else ``~/.cache/r1kit``).
+
 A reward that raises, or returns anything but one number or None per completion, stops the run
 with a one-line RewardError naming the reward, the error and where it was raised (the traceback
 is logged at debug level).
@@ -42,10 +53,12 @@ This module does not know any particular reward and never imports one by name.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 import inspect
 import logging
+import os
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -59,6 +72,33 @@ ENTRY_POINT_GROUP = "r1kit.rewards"
 log = logging.getLogger("r1kit")
 
 RewardFn = Callable[..., list]
+
+STAGE_DIR = "R1KIT_STAGE_DIR"
+"""Holds the running stage's folder while a stage runs (`in_stage`)."""
+
+
+def folder() -> Path:
+    """Where a reward keeps files between runs: the running stage's folder, else r1kit's cache folder."""
+    if os.environ.get(STAGE_DIR):
+        return Path(os.environ[STAGE_DIR])
+    if os.environ.get("R1KIT_CACHE"):
+        return Path(os.environ["R1KIT_CACHE"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "r1kit"
+
+
+@contextlib.contextmanager
+def in_stage(stage_dir: Path):
+    """Inside: `folder()` is `stage_dir` (an environment variable, so that processes the stage
+    starts, such as TRL's rollout worker, find it too)."""
+    saved = os.environ.get(STAGE_DIR)
+    os.environ[STAGE_DIR] = str(stage_dir)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(STAGE_DIR, None)
+        else:
+            os.environ[STAGE_DIR] = saved
 
 
 def available() -> dict[str, str]:
@@ -182,6 +222,11 @@ class Reward:
     when: dict[str, list] = field(default_factory=dict)
     """Routing: score only samples whose column values are listed here; None for the rest."""
 
+    def columns(self) -> list[str]:
+        """The dataset columns the reward reads, where its function names them (``fn.columns``)."""
+        named = getattr(self.fn, "columns", None)
+        return list(named({**parameters(self.fn), **self.params})) if named else []
+
     def __call__(self, completions: list[str], **columns) -> list[float | None]:
         if not self.when:
             return self._score(completions, columns)
@@ -279,6 +324,9 @@ def build(name: str, params: dict[str, Any] | None = None, weight: float = 1.0) 
     missing = [k for k in needed if not params.get(k)]
     if missing:
         raise RewardError(f"reward {name!r} needs parameter {missing[0]!r} (set it beside the reward's name)")
+    check = getattr(fn, "check", None)
+    if check is not None and (problem := check({**allowed, **params})):
+        raise RewardError(f"reward {name!r}: {problem}")
     return Reward(name=name, fn=fn, params=params, weight=float(weight), when=when)
 
 

@@ -65,15 +65,17 @@ def call(kind_name: str, ctx: StageContext) -> StageResult:
     (the device's free memory as the stage starts, whoever holds the rest) and ``gpu_peak_mib``
     (the most this process's tensors held at once)."""
     from r1kit import stages
+    from r1kit.reward_registry import in_stage
 
-    if not hardware.has_gpu():
-        return stages.get(kind_name).run(ctx)
-    import torch
+    with in_stage(ctx.dir):  # rewards that keep files (a judge's cache) keep them in the stage's folder
+        if not hardware.has_gpu():
+            return stages.get(kind_name).run(ctx)
+        import torch
 
-    torch.cuda.set_device(ctx.processes.local_rank % torch.cuda.device_count())  # this process's GPU, not GPU 0
-    free, _ = torch.cuda.mem_get_info()
-    torch.cuda.reset_peak_memory_stats()
-    result = stages.get(kind_name).run(ctx)
+        torch.cuda.set_device(ctx.processes.local_rank % torch.cuda.device_count())  # this process's GPU, not GPU 0
+        free, _ = torch.cuda.mem_get_info()
+        torch.cuda.reset_peak_memory_stats()
+        result = stages.get(kind_name).run(ctx)
     result.metrics = {**result.metrics, "gpu_free_at_start_mib": round(free / 2**20), "gpu_peak_mib": round(torch.cuda.max_memory_allocated() / 2**20)}
     return result
 

@@ -23,6 +23,8 @@ what the context leaves after the prompt (token ids, or a chat message's words).
 (Retry-After: `retry_after`), any other status code ("500", "400"), "drop" (close without a
 reply), "slow" (sleep `slow` seconds first), "cut" (a body shorter than its Content-Length),
 "garbage" (200 with a body that is not JSON). ``usage = False``: replies without ``usage``.
+``chat_reply``: a function of a chat request's body giving every sample's content instead (a
+scripted judge).
 """
 
 from __future__ import annotations
@@ -144,7 +146,8 @@ class Handler(BaseHTTPRequestHandler):
         if fake.max_model_len:  # as vLLM: a completion that would pass the context is cut short, in silence
             max_tokens = min(max_tokens, fake.max_model_len - prompt_tokens)
         samples = [completion(prompt, body.get("seed"), j, body.get("temperature", 1.0), max_tokens) for j in range(body.get("n", 1))]
-        choices = [{"index": j, "message": {"role": "assistant", "content": s["text"]}, "finish_reason": s["finish_reason"]} if chat
+        choices = [{"index": j, "message": {"role": "assistant", "content": fake.chat_reply(body) if fake.chat_reply else s["text"]},
+                    "finish_reason": s["finish_reason"]} if chat
                    else {"index": j, "text": s["text"], "finish_reason": s["finish_reason"],
                          **({"token_ids": s["token_ids"]} if body.get("return_token_ids") else {})} for j, s in enumerate(samples)]
         used = sum(len(s["token_ids"]) for s in samples)
@@ -170,6 +173,7 @@ class FakeServer:
         self.requests: list[dict] = []
         self.retry_after, self.slow, self.usage = "0", 2.0, True  # Retry-After of a 429; seconds of "slow"; send usage
         self.max_model_len: int | None = None  # the context /models reports, which cuts completions short (None: none)
+        self.chat_reply = None  # body -> the content of a chat reply's samples (None: hash words)
         self.lock, self.gauge = threading.Lock(), gauge or Gauge()
         self.httpd = ThreadingHTTPServer((host, port), Handler)
         self.httpd.daemon_threads, self.httpd.fake = True, self

