@@ -329,6 +329,7 @@ def scripted_serve(*args):
     from tests.test_tools_grpo import scripted_decode
 
     decode_lib.decode = scripted_decode(args[-1]["tokenizer"])
+    del decode_lib.Step.session  # each turn from whole prompts: the scripted decode's
     async_generation.serve(*args)
 
 

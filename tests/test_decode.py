@@ -11,7 +11,8 @@ import torch
 
 from r1kit.sampling import decode as decode_lib
 from r1kit.sampling import llama_step
-from r1kit.sampling.decode import Nucleus, decode, decode_attention, greedy
+from r1kit.sampling.decode import decode, decode_attention
+from r1kit.sampling.draws import Nucleus, greedy
 from r1kit.sampling.hf_backend import chunks
 
 PROMPTS = ["What is 3 + 4?", "Compute 12 * 3 and then add 7 to it, carefully.", "Hi", "What is 0 + 9? Think first."]
@@ -105,6 +106,57 @@ def test_attention_dropout_in_training_mode_still_reads_each_rows_prompt(model_a
         model.eval()
     assert got == [expected[0]] * 2 + [expected[1]] + [expected[2]] * 3 + [expected[3]]
     assert rates and set(rates) == {0.25}  # the decoding steps' attention applied the model's dropout
+
+
+def test_a_decoder_goes_on_from_its_cache_as_a_prefill_of_the_whole_sequences_would(model_and_tokenizer, steps):
+    """Samples that ended at different steps (some left the batch early and were kept aside),
+    kept in another order, with appended tokens of different lengths (none for one): the logits
+    after `extend` are those of a prefill of each whole sequence, and the next turn's greedy
+    tokens are `decode`'s from the whole sequences."""
+    model, tokenizer = model_and_tokenizer
+    pad = tokenizer.pad_token_id
+    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS[:3]]
+    counts = [2, 3, 1]
+    decoder = decode_lib.Decoder(model, greedy, {pad}, pad)
+    decoder.start(ids, counts)
+    first = decoder.generate(20, stop=lambda i, tokens: len(tokens) >= 3 + 2 * i)
+    assert [len(t) for t in first] == [3, 5, 7, 9, 11, 13]
+    words = [tokenizer(w, add_special_tokens=False)["input_ids"] for w in (" So the answer", "", " Wait,", " is")]
+    keep = [5, 0, 3, 2]
+    decoder.extend(keep, words)
+    rows = [p for p, n in zip(ids, counts) for _ in range(n)]
+    whole = [rows[s] + first[s] + w for s, w in zip(keep, words)]
+    with torch.no_grad():
+        for k, sequence in enumerate(whole):
+            expected = model(input_ids=torch.tensor([sequence])).logits[0, -1]
+            torch.testing.assert_close(decoder.logits[k], expected, atol=1e-4, rtol=1e-4)
+    assert decoder.generate(30) == decode(model, whole, [1] * len(whole), 30, greedy, {pad}, pad)
+
+
+def test_turns_from_the_decoders_cache_equal_turns_from_whole_prompts(model_and_tokenizer):
+    """r1kit.sampling.tool_loop's turns through a `Step`'s session and through a step function
+    that prefills each turn's whole prompts: the same greedy transcripts."""
+    from r1kit.sampling import tool_loop
+
+    model, tokenizer = model_and_tokenizer
+    pad = tokenizer.pad_token_id
+    reply = tokenizer(" Go on:", add_special_tokens=False)["input_ids"]
+
+    class Echo:  # every turn is cut at 6 tokens and answered, three times
+        stop_strings, turn_tokens = [], 6
+
+        def stop(self, transcript, tokens):
+            return False
+
+        def reply(self, turns):
+            return [reply if t.turns < 3 and how != "cut" else None for t, _, how in turns]
+
+    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    step = decode_lib.Step(model, greedy, {pad}, pad)
+    with_cache = tool_loop.rollouts(step, ids, [2, 1, 1, 2], 60, Echo(), tokenizer, {pad})
+    whole = tool_loop.rollouts(lambda *a: step(*a), ids, [2, 1, 1, 2], 60, Echo(), tokenizer, {pad})
+    assert [(t.ids, t.mask, t.turns) for t in with_cache] == [(t.ids, t.mask, t.turns) for t in whole]
+    assert max(t.turns for t in whole) == 3 and any(0 in t.mask for t in whole)
 
 
 def llama(**overrides):
@@ -276,7 +328,7 @@ def test_categorical_draws_a_possible_token_at_the_top_of_the_unit_interval(monk
     """A uniform variate just under 1 (torch.rand's float64 draws reach 1 - 2**-53): rounding must
     not carry the draw past the last possible token, into one of probability 0 or past the
     vocabulary (a padded last block)."""
-    from r1kit.sampling.decode import categorical
+    from r1kit.sampling.draws import categorical
 
     logits = torch.zeros(2, 300)
     logits[1, 200:] = -float("inf")
@@ -288,7 +340,7 @@ def test_categorical_draws_a_possible_token_at_the_top_of_the_unit_interval(monk
 def test_categorical_draws_the_softmax(vocab):
     """r1kit's inverse-CDF draw against the softmax it samples: frequencies within sampling noise,
     tokens at block edges and in a padded last block included, impossible tokens never."""
-    from r1kit.sampling.decode import categorical
+    from r1kit.sampling.draws import categorical
 
     torch.manual_seed(0)
     logits = torch.full((2, vocab), -float("inf"))

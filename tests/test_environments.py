@@ -5,6 +5,7 @@ model), the guard's bounds, routing, TRL's face of the same class, and eval end 
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -134,6 +135,47 @@ def test_a_raising_tool_answers_the_model_and_a_hanging_one_fails_the_rollout(to
     _, [t], [record] = play(tok, specs, [{}], [[flaky_call("hang"), "never<|im_end|>"]])
     assert time.monotonic() - start < 5
     assert t.turns == 1 and record["failure"].startswith("timeout: hang") and record["reward"] == 0.0
+
+
+class Slow:
+    """A tool that takes a while, and the most calls of it in flight at once."""
+
+    running = peak = 0
+
+    def reset(self, n: int = 0, **row):
+        return f" ({n})"  # the rollouts' prompts differ
+
+    def wait(self, x: int) -> str:
+        """Wait a little.
+
+        Args:
+            x: anything
+        """
+        cls = type(self)
+        with LOCK:
+            cls.running += 1
+            cls.peak = max(cls.peak, cls.running)
+        time.sleep(0.05)
+        with LOCK:
+            cls.running -= 1
+        return "done"
+
+
+LOCK = threading.Lock()
+
+
+def test_a_turns_calls_run_together_unless_every_call_has_been_quick(tok, monkeypatch):
+    from r1kit.environments import episodes
+
+    slow = from_recipe({"name": "tests.test_environments:Slow"}, "environment")
+    play(tok, slow, [{"n": k} for k in range(6)], [[flaky_call("wait"), "ok<|im_end|>"]] * 6)
+    assert slow[0].cls.peak >= 2  # the six rollouts' calls overlapped (the class as the recipe loaded it)
+    quick = guess()
+    play(tok, quick, [{"secret": 3}], [[call(1), call(3), "ok<|im_end|>"]])  # its first turn on threads
+    assert quick[0].slowest < episodes.QUICK
+    monkeypatch.setattr(episodes, "_pool", lambda workers: pytest.fail("a quick environment's turn went to threads"))
+    _, [t], [record] = play(tok, quick, [{"secret": 3}], [[call(1), call(3), "ok<|im_end|>"]])
+    assert record["reward"] == 1.0 and record["calls"] == {"guess": 2} and t.turns == 3
 
 
 class Other:

@@ -92,7 +92,8 @@ def test_r1kits_patches_leave_cuda_tensors_to_trls_and_sdpas_kernels(tiny_model,
 def test_the_decoding_loop_gives_generates_greedy_tokens_on_the_gpu(cold_start):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from r1kit.sampling.decode import decode, greedy
+    from r1kit.sampling.decode import decode
+    from r1kit.sampling.draws import greedy
 
     tokenizer = AutoTokenizer.from_pretrained(cold_start, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(cold_start, dtype=torch.float32).to("cuda").eval()

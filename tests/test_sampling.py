@@ -158,7 +158,7 @@ def test_nucleus_draws_what_transformers_warpers_draw(vocab, top_p):
     import torch
     from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
-    from r1kit.sampling.decode import Nucleus
+    from r1kit.sampling.draws import Nucleus
 
     logits = peaked_and_wide(vocab)
     warped = TemperatureLogitsWarper(0.6)(None, logits.clone())
@@ -174,7 +174,7 @@ def test_nucleus_draws_what_transformers_warpers_draw(vocab, top_p):
 
 
 def test_nucleus_refuses_what_transformers_refuses():
-    from r1kit.sampling.decode import Nucleus
+    from r1kit.sampling.draws import Nucleus
 
     for temperature, top_p in ((0.6, 0.0), (0.6, 1.5), (0.0, 0.95)):
         with pytest.raises(ValueError, match="top_p"):

@@ -51,6 +51,7 @@ def tool_trainer(tiny_model, tmp_path, monkeypatch):
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model, padding_side="left")
     monkeypatch.setattr("r1kit.sampling.decode.decode", scripted_decode(tokenizer))
+    monkeypatch.delattr("r1kit.sampling.decode.Step.session")  # each turn from whole prompts: the scripted decode's
     config = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=4, num_generations=4,
                         max_completion_length=96, gradient_checkpointing=False, beta=0.0)
     reward = lambda completions, **kw: [float("42" in c.rsplit("</think>", 1)[-1]) for c in completions]  # noqa: E731
@@ -182,7 +183,10 @@ def scripted_sampling(tiny_model, monkeypatch):
     .jsonl file of `n` rows asking 6 * 7 (the question under `key`)."""
     from transformers import AutoTokenizer
 
-    monkeypatch.setattr("r1kit.sampling.hf_backend.decode", scripted_decode(AutoTokenizer.from_pretrained(tiny_model)))
+    scripted = scripted_decode(AutoTokenizer.from_pretrained(tiny_model))
+    monkeypatch.setattr("r1kit.sampling.hf_backend.decode", scripted)  # one turn
+    monkeypatch.setattr("r1kit.sampling.decode.decode", scripted)  # the turns of tool calls, each from whole prompts:
+    monkeypatch.delattr("r1kit.sampling.decode.Step.session")
 
     def questions(path: Path, key: str, n: int) -> Path:
         path.write_text("".join(json.dumps({"id": f"q{i}", key: "What is 6 * 7?", "answer": "42"}) + "\n" for i in range(n)))

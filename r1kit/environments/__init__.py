@@ -47,7 +47,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import queue
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -98,6 +100,8 @@ class Spec:
     tools: dict[str, dict]
     has_reward: bool
     has_step: bool
+    slowest: float | None = None
+    """The longest tool or ``step`` call to an instance so far, in seconds; None: no call yet."""
 
     @property
     def key(self) -> str:
@@ -209,26 +213,53 @@ class Failed(Exception):
     """An environment call that raised or timed out: the rollout fails."""
 
 
-def call_with_timeout(fn: Callable, timeout: float, *args, **kwargs):
+def call_with_timeout(fn: Callable, timeout: float, *args, spec: Spec | None = None, **kwargs):
     """`fn(*args, **kwargs)` on a thread of its own; `Failed` when it raises or passes `timeout`
-    seconds (the thread is left running, as a daemon: Python cannot stop it)."""
-    box: dict[str, Any] = {}
-
-    def run():
+    seconds (the thread is left running, as a daemon: Python cannot stop it). With `spec`, its
+    `slowest` is kept up to date."""
+    if spec is not None:
+        start = time.perf_counter()
         try:
-            value = fn(*args, **kwargs)
-            box["value"] = asyncio.run(value) if inspect.isawaitable(value) else value  # an async tool
-        except BaseException as exc:  # noqa: BLE001 (reported to the caller)
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True, name=f"environment-{getattr(fn, '__name__', 'call')}")
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
+            return call_with_timeout(fn, timeout, *args, **kwargs)
+        finally:
+            spec.slowest = max(spec.slowest or 0.0, time.perf_counter() - start)
+    with _IDLE_LOCK:
+        caller = _IDLE.pop() if _IDLE else None
+    caller = caller or _Caller()
+    box: dict[str, Any] = {}
+    done = threading.Event()
+    caller.calls.put((fn, args, kwargs, box, done))
+    if not done.wait(timeout):
         raise Failed(f"timeout: {getattr(fn, '__name__', 'call')} took over {timeout:g} s")
     if "error" in box:
         raise box["error"]
     return box.get("value")
+
+
+class _Caller:
+    """A daemon thread that runs environment calls one after another, and waits among the idle
+    ones between them: a thread started for every call cost more than a short environment's
+    answer. A call past its timeout keeps its thread (another takes its place meanwhile)."""
+
+    def __init__(self):
+        self.calls: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self.run, daemon=True, name="r1kit-environment").start()
+
+    def run(self) -> None:
+        while True:
+            fn, args, kwargs, box, done = self.calls.get()
+            try:
+                value = fn(*args, **kwargs)
+                box["value"] = asyncio.run(value) if inspect.isawaitable(value) else value  # an async tool
+            except BaseException as exc:  # noqa: BLE001 (reported to the caller)
+                box["error"] = exc
+            done.set()
+            with _IDLE_LOCK:
+                _IDLE.append(self)
+
+
+_IDLE: list[_Caller] = []
+_IDLE_LOCK = threading.Lock()
 
 
 @dataclass
@@ -280,7 +311,7 @@ class Guarded:
             self.episode.tool_errors += 1
             return str({"error": f"arguments must be a JSON object, not {arguments!r}"})
         try:
-            return str(call_with_timeout(getattr(self.env, name), self.spec.config.timeout, **arguments))
+            return str(call_with_timeout(getattr(self.env, name), self.spec.config.timeout, spec=self.spec, **arguments))
         except Failed as exc:
             self._fail(name, exc)
             return str({"error": str(exc)})
@@ -290,7 +321,7 @@ class Guarded:
 
     def step(self, text: str) -> str | None:
         try:
-            reply = call_with_timeout(self.env.step, self.spec.config.timeout, text)
+            reply = call_with_timeout(self.env.step, self.spec.config.timeout, text, spec=self.spec)
         except BaseException as exc:  # noqa: BLE001
             self._fail("step", exc)
             return None

@@ -5,7 +5,9 @@
   own environment instance, reset from its row before its prompt is rendered (`Episodes.start`).
   A turn ends at the end of the sequence; the turn is read back into a message with the chat
   template's response template (TRL's ``parse_response``); its tool calls run, the calls of every
-  rollout of the turn together (each call bounded by the environment's timeout); the tool messages
+  rollout of the turn together on threads (one after another once every call has been quicker
+  than `QUICK`: threads then cost more than they save), each call bounded by the environment's
+  timeout; the tool messages
   (or, for a gym-style environment without tools, ``step``'s reply as a user message) are
   rendered by the chat template and appended, masked out. A turn without a call, a failed call,
   or ``max_turns`` ends the rollout.
@@ -85,6 +87,16 @@ def _reply_ids(tokenizer, messages: list[dict], cache: dict | None = None) -> li
     return full[len(prefix):]
 
 
+QUICK = 0.002  # seconds: environments whose every call so far took less answer a turn's rollouts one after another
+
+
+@functools.cache
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """The threads that answer a turn's rollouts together, kept from one turn (and batch) to the
+    next: starting them anew at each turn cost about as much as a short environment's answers."""
+    return ThreadPoolExecutor(workers, thread_name_prefix="r1kit-episodes")
+
+
 class Episodes:
     """The world of r1kit's turn loop for rollouts in environments (see the module docstring)."""
 
@@ -134,8 +146,9 @@ class Episodes:
     def reply(self, turns):
         if not turns:
             return []
-        with ThreadPoolExecutor(min(self.concurrency, len(turns))) as pool:
-            return list(pool.map(lambda turn: self._reply(*turn), turns))
+        if all(s.slowest is not None and s.slowest < QUICK for s in self.specs):  # threads would cost more than they save
+            return [self._reply(*turn) for turn in turns]
+        return list(_pool(self.concurrency).map(lambda turn: self._reply(*turn), turns))
 
     def _reply(self, transcript, tokens: list[int], how: str) -> list[int] | None:
         from trl.chat_template_utils import parse_response

@@ -2,7 +2,7 @@
 sampling backend and for GRPO rollouts on a CPU.
 
     rows = decode(model, [[1, 2, 3], [4, 5]], counts=[4, 4], max_tokens=64,
-                  draw=Nucleus(0.6, 0.95).draw, eos_ids={0}, pad_id=0)
+                  draw=Nucleus(0.6, 0.95).draw, eos_ids={0}, pad_id=0)   # r1kit.sampling.draws
     # -> 8 lists of new token ids, prompt 0's four samples first; each ends at its first eos id
 
 What it does that ``model.generate`` does not, and why it is faster on a CPU (each measured on
@@ -23,8 +23,11 @@ SmolLM2-135M, see bench/sampling.py):
 - for Llama-family models each step after the prefill is written out
   (r1kit.sampling.llama_step: the forward pass's logits, in far fewer operations);
 - rows whose sample has ended leave the batch (once a quarter of it has ended);
-- `Nucleus` draws temperature / top-p samples from the few most likely tokens instead of
-  sorting the whole vocabulary at every step.
+- rollouts of several turns (`Decoder`, `Step.session`: r1kit.sampling.tool_loop) keep their keys
+  and values from one turn to the next, so that a turn prefills only what a tool or an
+  environment appended, not the whole rollout again;
+- r1kit.sampling.draws.Nucleus draws temperature / top-p samples from the few most likely
+  tokens instead of sorting the whole vocabulary at every step.
 
 Otherwise the model's own forward pass does the work: any decoder-only transformers model whose
 attention goes through transformers' attention interface and cache layers. The shared prompt
@@ -52,15 +55,17 @@ BLOCK = 16  # positions a row's buffers grow by: one copy of its own positions p
 
 
 class PromptRows:
-    """Which prompt each batch row samples (rows grouped by prompt, in prompt order), and the rows
-    laid out prompt by prompt in `slots` [prompts, most rows of a prompt] (row index, or the
-    batch size where a prompt has fewer rows), `flat` the place of each row in that layout."""
+    """Which prompt each batch row samples, and the rows laid out prompt by prompt in `slots`
+    [prompts, most rows of a prompt] (row index, or the batch size where a prompt has fewer rows),
+    `flat` the place of each row in that layout."""
 
     def __init__(self, prompt: torch.Tensor, prompts: int):
         self.prompt = prompt
         counts = torch.bincount(prompt, minlength=prompts)
         self.width = int(counts.max())
-        place = torch.arange(len(prompt), device=prompt.device) - (counts.cumsum(0) - counts)[prompt]
+        order = torch.argsort(prompt, stable=True)  # each row's rank among its prompt's rows
+        place = torch.empty_like(prompt)
+        place[order] = torch.arange(len(prompt), device=prompt.device) - (counts.cumsum(0) - counts)[prompt[order]]
         self.flat = prompt * self.width + place
         self.slots = torch.full((prompts * self.width,), len(prompt), device=prompt.device)
         self.slots[self.flat] = torch.arange(len(prompt), device=prompt.device)
@@ -142,25 +147,28 @@ class GrowingLayer(DynamicLayer):
 
 
 def decode_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Attention for one new token a row (with the model's dropout on its weights, as in SDPA,
-    when the model is training: GRPO rollouts); several a row (a prefill, a training step) go to SDPA.
+    """Attention for one new token a row, or several after a shared prefix (a turn's appended
+    tokens, `Decoder.extend`), with the model's dropout on its weights, as in SDPA, when the model
+    is training (GRPO rollouts); several a row without a shared prefix (a prefill, a training step)
+    go to SDPA.
 
     Keys and values that are views of a `GrowingLayer`'s buffers are read over the buffers' whole
     capacity, the positions past the cached ones masked out: a slice of a buffer is no plain
     matrix, and the matmuls would copy it at every step. With a shared prefix, each prompt's
     queries (all its rows') attend to its prefix in one product, and each row to its own
     positions; one softmax over both."""
-    if query.shape[2] != 1:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    batch, heads, _, dim = query.shape
-    groups, length = key.shape[1], key.shape[2]
     shared = getattr(key, "shared_prefix", None)
+    batch, heads, new, dim = query.shape
+    if new != 1 and shared is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    groups, length = key.shape[1], key.shape[2]
     keys_t = key.transpose(-1, -2)  # [B, KV heads, D, L]
     capacity = keys_t.stride(-2) if keys_t.stride(-1) == 1 and value.stride(-2) == dim else length
     if capacity > length:  # the zero-filled buffers behind the views
         keys_t = keys_t.as_strided((batch, groups, dim, capacity), keys_t.stride())
         value = value.as_strided((batch, groups, capacity, dim), value.stride())
-    query = query.view(batch, groups, heads // groups, dim)
+    group = heads // groups * new  # a KV head's query rows: its query heads' (x the new tokens)
+    query = query.reshape(batch, groups, group, dim)
     scores = torch.matmul(query, keys_t)  # [B, KV heads, group, capacity]
     if shared is not None:  # [P, KV heads, D, W] keys and [P, KV heads, W, D] values, the rows' layout
         prefix_keys_t, prefix_values, rows = shared
@@ -170,11 +178,15 @@ def decode_attention(module, query, key, value, attention_mask, scaling=None, dr
         scores = torch.cat([prefix_scores, scores], dim=-1)
         length += width
     scores = scores * (dim**-0.5 if scaling is None else scaling)
-    if attention_mask is not None:  # [B, 1, 1, L]: True where a row may attend, or additive
+    if attention_mask is None and new > 1:  # causal: each new token sees the cache and the new tokens up to itself
+        attention_mask = torch.ones(new, length, dtype=torch.bool, device=query.device).tril(length - new)
+    if attention_mask is not None:  # [B, 1, new, L]: True where a row may attend, or additive
+        held = scores.view(batch, groups, -1, new, scores.shape[-1])[..., :length]
+        attention_mask = attention_mask.reshape(-1, 1, 1, new, length)
         if attention_mask.dtype == torch.bool:
-            scores[..., :length].masked_fill_(~attention_mask, float("-inf"))
+            held.masked_fill_(~attention_mask, float("-inf"))
         else:
-            scores[..., :length] += attention_mask
+            held += attention_mask
     scores[..., length:] = float("-inf")
     probs = scores.softmax(dim=-1, dtype=torch.float32).to(value.dtype)
     if dropout:  # on the attention weights, as SDPA's (a model in training mode: GRPO rollouts)
@@ -186,7 +198,9 @@ def decode_attention(module, query, key, value, attention_mask, scaling=None, dr
         placed[rows.flat] = probs[..., :width]
         out = _by_row(torch.matmul(_by_prompt(placed.view(prompts, rows.width, *placed.shape[1:])), prefix_values), rows)
         out += torch.matmul(probs[..., width:], value)
-    return out.view(batch, 1, heads, dim), None  # heads in repeat_kv's order
+    if new == 1:
+        return out.view(batch, 1, heads, dim), None  # heads in repeat_kv's order
+    return out.view(batch, groups, heads // groups, new, dim).permute(0, 3, 1, 2, 4).reshape(batch, new, heads, dim), None
 
 
 def _by_prompt(x: torch.Tensor) -> torch.Tensor:
@@ -250,136 +264,212 @@ def decode(
     where it says so (a tool call's closing fence, r1kit.sampling.tool_loop). With `scores`
     (`score`, `out`), `out` gets each sample's per-token ``score(logits, tokens)`` [B] beside its
     tokens (`Nucleus.log_prob`: the sampling log-probabilities)."""
-    device = model.device
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache()
-    cache.layers = [GrowingLayer() for _ in range(model.config.get_text_config(decoder=True).num_hidden_layers)]
-    autocast = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
-    with decoding_attention(model) as ours, cpu.packed_linears(model, sum(counts), autocast):
-        lean = LlamaStep.of(model, sum(counts), decode_attention, autocast)  # None: the model's forward pass decodes
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, logits_to_keep=1)
-        # Each prompt's row once per sample: the prompt's cached positions shared, mask, positions and logits.
-        rows = torch.repeat_interleave(torch.arange(len(prompts), device=device), torch.tensor(counts, device=device))
-        shared = PromptRows(rows, len(prompts))
-        for layer in cache.layers:
-            if lean or ours:  # decode_attention reads a prompt's positions once for all its rows
-                layer.share(shared, min(BLOCK, max_tokens), autocast if lean else None)
-            else:  # the model's own attention (eager, flash) reads a copy of them in each row
-                layer.regrow(layer.own_length() + BLOCK, keep=rows)
-        logits, positions = out.logits[rows, -1], positions[rows, -1:]
-        mask = torch.cat([mask[rows], mask.new_ones(len(rows), max_tokens)], dim=1)  # a slice of it per step
-        eos = torch.tensor(sorted(eos_ids), device=device)
-
-        live = torch.arange(len(rows), device=device)  # the sample of each batch row
-        ended = torch.zeros(len(rows), dtype=torch.bool, device=device)
-        samples: list[list[int]] = [[] for _ in range(len(rows))]
-        score, scored = scores if scores is not None else (None, None)
-        if scored is not None:
-            scored[:] = [[] for _ in range(len(rows))]
-        for step in range(max_tokens):
-            tokens = draw(logits)
-            values = score(logits, tokens).tolist() if score is not None else [None] * len(tokens)
-            for sample, token, done, value in zip(live.tolist(), tokens.tolist(), ended.tolist(), values):
-                if not done:
-                    samples[sample].append(token)
-                    if scored is not None:
-                        scored[sample].append(value)
-            ended |= torch.isin(tokens, eos)
-            if stop is not None:
-                ended |= torch.tensor([stop(i, samples[i]) for i in live.tolist()], device=device)
-            finished = int(ended.sum())
-            if step == max_tokens - 1 or finished == len(live):
-                break
-            if finished * 4 >= len(live):  # drop the ended rows: a copy of the cache, so not at every end
-                keep = (~ended).nonzero().squeeze(1)
-                live, tokens, mask, positions, ended = live[keep], tokens[keep], mask[keep], positions[keep], ended[keep]
-                shared = select_rows(cache, shared, keep, BLOCK)
-            positions = positions + 1
-            attend = mask[:, : width + step + 1]
-            if lean is not None:
-                logits = lean(tokens, positions, attend, cache)
-            else:
-                logits = model(input_ids=tokens[:, None], attention_mask=attend, position_ids=positions, past_key_values=cache).logits[:, -1]
-    return samples
+    decoder = Decoder(model, draw, eos_ids, pad_id, keep=False)
+    with decoder.engine(sum(counts)):
+        decoder.start(prompts, counts, room=max_tokens)
+        return decoder.generate(max_tokens, stop, scores)
 
 
-def greedy(logits: torch.Tensor) -> torch.Tensor:
-    return logits.argmax(dim=-1)
+class Decoder:
+    """r1kit's decoding loop as samples that go on across calls (r1kit.sampling.tool_loop's turns):
+    `start` prefills the prompts, `generate` draws each live sample's tokens until it ends,
+    `extend` keeps the samples it names and appends tokens to each (what a tool or an environment
+    wrote), prefilling only those: everything before stays cached, each prompt's positions once.
+
+        decoder = Decoder(model, Nucleus(1.0, 1.0).draw, eos_ids={0}, pad_id=0)
+        decoder.start([[1, 2, 3]], [4])
+        turn = decoder.generate(32)              # 4 lists of new tokens
+        decoder.extend([0, 2], [[7, 8], [9]])    # samples 0 and 2 go on after these tokens
+        turn = decoder.generate(32)              # 2 lists: samples 0 and 2, in that order
+
+    Samples that end early in a `generate` leave the batch as in `decode`, their keys and values
+    kept aside (with `keep`; `decode` drops them); `extend` lays the kept samples' positions side
+    by side again, leaving out those of tokens drawn after a sample ended. A sample's last token
+    is cached by `extend`, with the appended ones. The cached positions of the samples go on
+    with the appended tokens in one forward pass of the model: with r1kit's decoding attention,
+    each prompt's positions read once by all of its samples; with the model's own (eager,
+    flash), copies of them in each row. Greedy samples are those of prefilling each whole
+    sequence again, up to rounding (a test compares both)."""
+
+    def __init__(self, model, draw: Callable[[torch.Tensor], torch.Tensor], eos_ids: set[int], pad_id: int, keep: bool = True,
+                 region: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):
+        self.model, self.draw, self.pad_id, self.keep, self.region = model, draw, pad_id, keep, region
+        self.eos = torch.tensor(sorted(eos_ids))
+        self.active: tuple | None = None
+        self.lean: LlamaStep | bool | None = None  # the written-out step; False: none for this model
+
+    @contextlib.contextmanager
+    def engine(self, rows: int, steps: bool = True):
+        """Inside: `region`, r1kit's decoding attention and packed weights for about `rows` rows
+        (the calls inside share them; a call outside enters its own); with `steps`, the
+        written-out step where it applies (not needed to prefill)."""
+        if self.active is not None:
+            yield self.active
+            return
+        with self.region() as model:
+            self.model = model = model if model is not None else self.model
+            self.eos = self.eos.to(model.device)
+            autocast = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+            with decoding_attention(model) as ours, cpu.packed_linears(model, rows, autocast):
+                # the written-out step, unless kept samples must go on through the model's own attention;
+                # built once (its joined weights packed once): the weights do not change while sampling
+                if steps and (ours or not self.keep) and self.lean is None:
+                    self.lean = LlamaStep.of(model, rows, decode_attention, autocast) or False
+                lean = (self.lean or None) if steps and (ours or not self.keep) else None
+                self.active = (ours, lean, autocast)
+                try:
+                    yield self.active
+                finally:
+                    self.active = None
+
+    @torch.no_grad()
+    def start(self, prompts: list[list[int]], counts: list[int], room: int = BLOCK) -> None:
+        """Prefill `prompts` (token ids) for `counts[i]` samples of each (room for `room` tokens a sample ahead)."""
+        with self.engine(sum(counts)) as (ours, lean, autocast):
+            model, pad_id = self.model, self.pad_id
+            device = model.device
+            width = max(len(p) for p in prompts)
+            ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            self.cache = cache = DynamicCache()
+            cache.layers = [GrowingLayer() for _ in range(model.config.get_text_config(decoder=True).num_hidden_layers)]
+            out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, logits_to_keep=1)
+            # Each prompt's row once per sample: the prompt's cached positions shared, mask, positions and logits.
+            rows = torch.repeat_interleave(torch.arange(len(prompts), device=device), torch.tensor(counts, device=device))
+            self.rows = PromptRows(rows, len(prompts))
+            self.shares = bool(lean or ours)
+            for layer in cache.layers:
+                if self.shares:  # decode_attention reads a prompt's positions once for all its rows
+                    layer.share(self.rows, min(BLOCK, room), autocast if lean else None)
+                else:  # the model's own attention (eager, flash) reads a copy of them in each row
+                    layer.regrow(layer.own_length() + BLOCK, keep=rows)
+        self.logits, self.positions, self.mask = out.logits[rows, -1], positions[rows, -1:], mask[rows]
+        self.width = width if self.shares else 0  # cached positions kept once per prompt
+
+    @torch.no_grad()
+    def generate(
+        self,
+        max_tokens: int,
+        stop: Callable[[int, list[int]], bool] | None = None,
+        scores: tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], list[list[float]]] | None = None,
+    ) -> list[list[int]]:
+        """Each live sample's new tokens, as `decode` draws them (its `stop` and `scores` too)."""
+        cache, shared, logits, positions = self.cache, self.rows, self.logits, self.positions
+        device, batch = positions.device, len(positions)
+        base = self.mask.shape[1]  # positions cached before this call
+        mask = torch.cat([self.mask, self.mask.new_ones(batch, max_tokens)], dim=1)  # a slice of it per step
+        # what extend needs: each sample's prompt, the prefixes, and where its positions are
+        self.before = (self.mask, positions[:, 0].clone(), shared.prompt, [layer.prefix for layer in cache.layers])
+        self.parked: list[tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]] = []
+        with self.engine(batch) as (_, lean, _):
+            model = self.model
+            live = torch.arange(batch, device=device)  # the sample of each batch row
+            ended = torch.zeros(batch, dtype=torch.bool, device=device)
+            samples: list[list[int]] = [[] for _ in range(batch)]
+            score, scored = scores if scores is not None else (None, None)
+            if scored is not None:
+                scored[:] = [[] for _ in range(batch)]
+            for step in range(max_tokens):
+                tokens = self.draw(logits)
+                values = score(logits, tokens).tolist() if score is not None else [None] * len(tokens)
+                for sample, token, done, value in zip(live.tolist(), tokens.tolist(), ended.tolist(), values):
+                    if not done:
+                        samples[sample].append(token)
+                        if scored is not None:
+                            scored[sample].append(value)
+                ended |= torch.isin(tokens, self.eos)
+                if stop is not None:
+                    ended |= torch.tensor([stop(i, samples[i]) for i in live.tolist()], device=device)
+                finished = int(ended.sum())
+                if step == max_tokens - 1 or finished == len(live):
+                    break
+                if finished * 4 >= len(live):  # drop the ended rows: a copy of the cache, so not at every end
+                    if self.keep:
+                        self._park(live, ended.nonzero().squeeze(1))
+                    keep = (~ended).nonzero().squeeze(1)
+                    live, tokens, mask, positions, ended = live[keep], tokens[keep], mask[keep], positions[keep], ended[keep]
+                    shared = select_rows(cache, shared, keep, BLOCK)
+                positions = positions + 1
+                attend = mask[:, : base + step + 1]
+                if lean is not None:
+                    logits = lean(tokens, positions, attend, cache)
+                else:
+                    logits = model(input_ids=tokens[:, None], attention_mask=attend, position_ids=positions, past_key_values=cache).logits[:, -1]
+        if self.keep:
+            self._park(live, None)
+        self.samples = samples
+        return samples
+
+    def _park(self, live: torch.Tensor, rows: torch.Tensor | None) -> None:
+        """Keep aside the cached positions of batch rows `rows` (all when None), samples `live[rows]`."""
+        held = [(layer.buffers[0], layer.buffers[1]) if rows is None else (layer.buffers[0][rows], layer.buffers[1][rows])
+                for layer in self.cache.layers]
+        self.parked.append((live if rows is None else live[rows], held))
+
+    @torch.no_grad()
+    def extend(self, keep: list[int], tokens: list[list[int]]) -> None:
+        """Keep samples `keep` of the last `generate` (its indices, in this order) and append
+        `tokens[k]` to sample `keep[k]`: the next `generate` goes on from there."""
+        before, start, prompt, prefixes = self.before
+        device = self.positions.device
+        kept = torch.tensor(keep, device=device)
+        drawn = torch.tensor([len(self.samples[s]) for s in keep], device=device)
+        # each row's own positions to keep: not its prompt's, nor those of tokens drawn after it ended
+        ran = torch.arange(int(drawn.max()) - 1, device=device)
+        valid = torch.cat([before[kept, self.width:] != 0, ran[None] < drawn[:, None] - 1], dim=1)
+        lengths = valid.sum(1)
+        own = int(lengths.max())
+        index = torch.argsort(~valid, dim=1, stable=True)[:, :own]  # [B, own]: the positions kept, in order
+        appended = [[self.samples[s][-1], *t] for s, t in zip(keep, tokens)]
+        new = max(len(a) for a in appended)
+        place = torch.full((len(self.samples),), -1, device=device)
+        place[kept] = torch.arange(len(keep), device=device)
+        moves = []  # per piece: its rows kept, and their places in the new batch
+        for samples, _ in self.parked:
+            target = place[samples]
+            moves.append(((target >= 0).nonzero().squeeze(1), target[target >= 0]))
+        for i, layer in enumerate(self.cache.layers):
+            keys_t, values = self.parked[0][1][i]
+            heads, dim = values.shape[1], values.shape[-1]
+            fresh = (keys_t.new_zeros(len(keep), heads, dim, own + new + BLOCK), values.new_zeros(len(keep), heads, own + new + BLOCK, dim))
+            for (_, held), (source, target) in zip(self.parked, moves):
+                at = index[target]
+                fresh[0][target, ..., :own] = held[i][0][source].gather(-1, at[:, None, None, :].expand(-1, heads, dim, -1))
+                fresh[1][target, :, :own] = held[i][1][source].gather(-2, at[:, None, :, None].expand(-1, heads, -1, dim))
+            layer.buffers = fresh
+            layer.keys, layer.values = fresh[0][..., :own].transpose(-1, -2), fresh[1][:, :, :own]
+        if self.shares:  # the prefixes of the kept samples' prompts
+            live = torch.unique(prompt[kept])
+            self.rows = PromptRows(torch.searchsorted(live, prompt[kept]), len(live))
+            for layer, prefix in zip(self.cache.layers, prefixes):
+                layer.prefix, layer.rows = (prefix[0][live], prefix[1][live]), self.rows
+        pads = torch.tensor([new - len(a) for a in appended], device=device)
+        ids = torch.tensor([[self.pad_id] * (new - len(a)) + a for a in appended], device=device)
+        added = (torch.arange(new, device=device)[None] >= pads[:, None]).long()
+        first = start[kept] + drawn  # the last drawn token's position
+        positions = (first[:, None] + torch.arange(new, device=device)[None] - pads[:, None]).clamp(min=0)
+        mask = torch.cat([before[kept, : self.width], (torch.arange(own, device=device)[None] < lengths[:, None]).long(), added], dim=1)
+        with self.engine(len(keep), steps=False):
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self.cache, logits_to_keep=1)
+        self.logits, self.positions, self.mask, self.parked = out.logits[:, -1], positions[:, -1:], mask, []
 
 
-class Nucleus:
-    """Temperature and top-p (nucleus) sampling: `draw` picks each row's next token.
+class Step:
+    """r1kit's decoding loop as r1kit.sampling.tool_loop's step: a call decodes one turn of whole
+    prompts (`decode`); `session(prompts, counts)` is a started `Decoder`, whose turns go on from
+    its cache. `region`: a context entered around each call (a trainer's generation settings),
+    which may yield the model to decode with (else `model`)."""
 
-    The distribution is that of transformers' temperature and top-p warpers followed by
-    multinomial sampling: the smallest set of most likely tokens whose probability reaches
-    `top_p`, renormalised (no top-k, as in vLLM). transformers sorts the whole vocabulary and
-    draws from all of it at every step, which on a CPU costs more than the model's own matmuls
-    for a 135M-parameter model; here the k most likely tokens hold the nucleus as soon as their
-    probability reaches `top_p` (k starts at 64 and doubles until it does, up to a sixteenth of
-    the vocabulary, past which it is ranked whole, as a vocabulary of up to 4,096 tokens always
-    is), and only they are drawn from; with top_p 1 each row is drawn from the whole vocabulary
-    by `categorical`. The same up to rounding at the nucleus's edge and the order of tied tokens.
-    Draws come from torch's global generator. Other sampling settings of the
-    model's generation_config.json (min_p, typical_p, ...) are not applied, as in vLLM.
-    """
+    def __init__(self, model, draw: Callable[[torch.Tensor], torch.Tensor], eos_ids: set[int], pad_id: int,
+                 region: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):
+        self.model, self.draw, self.eos_ids, self.pad_id, self.region = model, draw, eos_ids, pad_id, region
 
-    WHOLE = 4096  # a vocabulary up to this size is ranked whole: cheaper than a second topk
+    def __call__(self, prompts: list[list[int]], counts: list[int], max_tokens: int, stop=None) -> list[list[int]]:
+        with self.region() as model:
+            return decode(model if model is not None else self.model, prompts, counts, max_tokens, self.draw, self.eos_ids, self.pad_id, stop)
 
-    def log_prob(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """Each row's log-probability of `tokens` under the temperature-scaled distribution over the
-        whole vocabulary, as TRL's trainer scores a completion (top-p is not applied, as there)."""
-        return torch.log_softmax(logits.float() / self.temperature, dim=-1).gather(-1, tokens[:, None]).squeeze(1)
-
-    def __init__(self, temperature: float, top_p: float, k: int = 64):
-        if not temperature > 0 or not 0 < top_p <= 1:
-            raise ValueError(f"sampling needs temperature > 0 and 0 < top_p <= 1; got {temperature}, {top_p}")
-        self.temperature, self.top_p, self.k = temperature, top_p, k
-
-    def draw(self, logits: torch.Tensor) -> torch.Tensor:
-        logits = logits.float() / self.temperature
-        vocab = logits.size(-1)
-        if self.top_p >= 1.0:
-            return categorical(logits)
-        log_total = logits.logsumexp(dim=-1, keepdim=True)
-        k = self.k if vocab > self.WHOLE else vocab
-        while True:
-            top, index = logits.topk(k, dim=-1)  # sorted, most likely first
-            probs = (top - log_total).exp()
-            mass = probs.cumsum(dim=-1)
-            if k == vocab or bool((mass[:, -1] >= self.top_p).all()):
-                break
-            k = 2 * k if 2 * k <= vocab // 16 else vocab
-        keep = (mass - probs) < self.top_p  # the tokens before this one fall short of top_p
-        return index.gather(-1, torch.multinomial(probs * keep, 1)).squeeze(1)
-
-
-def categorical(logits: torch.Tensor, block: int = 256) -> torch.Tensor:
-    """One token per row, drawn from softmax(`logits`) by inverting its cumulative distribution.
-
-    torch.multinomial draws an exponential variate per vocabulary entry (or, with replacement,
-    accumulates each row in float64): 19 ms for 16 rows of SmolLM2's 49,152 logits on 2 cores, a
-    fifth of a decoding step. Here a row takes one uniform variate: it picks a block of `block`
-    tokens by a float64 running sum of the blocks' masses, then a token by a float32 running sum
-    inside the block, so no rounding grows with the vocabulary."""
-    rows, vocab = logits.shape
-    weights = (logits - logits.amax(-1, keepdim=True)).exp_()
-    if vocab % block:
-        weights = torch.nn.functional.pad(weights, (0, block - vocab % block))
-    weights = weights.view(rows, -1, block)
-    masses = weights.sum(-1).double()
-    ends = masses.cumsum(-1)
-    target = _below(torch.rand(rows, 1, dtype=torch.float64, device=logits.device) * ends[:, -1:], ends[:, -1:])
-    which = torch.searchsorted(ends, target, right=True)  # the first block whose running sum passes the target
-    share = ((target - (ends.gather(1, which) - masses.gather(1, which))) / masses.gather(1, which)).clamp_(min=0.0)
-    inside = weights[torch.arange(rows, device=logits.device), which[:, 0]].cumsum(-1)
-    token = torch.searchsorted(inside, _below(share.float() * inside[:, -1:], inside[:, -1:]), right=True)
-    return (which * block + token).squeeze(1)
-
-
-def _below(x: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
-    """`x` held under `total`, which rounding can bring it to: a search for the first running
-    sum past it then lands on a token (or block) of positive weight, never past the last one."""
-    return torch.minimum(x, torch.nextafter(total, torch.zeros_like(total)))
+    def session(self, prompts: list[list[int]], counts: list[int]) -> Decoder:
+        decoder = Decoder(self.model, self.draw, self.eos_ids, self.pad_id, region=self.region)
+        decoder.start(prompts, counts)
+        return decoder

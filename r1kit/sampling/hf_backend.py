@@ -17,7 +17,8 @@ from r1kit import hardware
 from r1kit.hardware import cpu
 from r1kit.sampling import tool_loop
 from r1kit.sampling.base import Completion, SamplingParams
-from r1kit.sampling.decode import BLOCK, Nucleus, decode, greedy
+from r1kit.sampling.decode import BLOCK, Step, decode
+from r1kit.sampling.draws import Nucleus, greedy
 
 CACHE_BYTES = 2 * 2**30  # keys and values a chunk's samples may cache, by default
 MAX_ROWS = 256
@@ -48,9 +49,7 @@ class HFSampler:
         ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
         out: list[Completion] = []
         batch = self.batch_size or self.rows_for(params.max_tokens)
-
-        def step(prompts, counts, max_tokens, stop=None):
-            return decode(self.model, prompts, counts, max_tokens, draw, eos_ids, self.tokenizer.pad_token_id, stop)
+        step = Step(self.model, draw, eos_ids, self.tokenizer.pad_token_id)
 
         with cpu.packed_linears(self.model, batch):  # once for all chunks: the weights do not change
             for start, chunk in chunks(len(prompts), n, batch):
@@ -59,7 +58,7 @@ class HFSampler:
                 if tools:
                     out += tool_loop.completions(step, chunk_prompts, counts, params.max_tokens, tools, self.tokenizer, eos_ids, start)
                     continue
-                for tokens in step(chunk_prompts, counts, params.max_tokens):
+                for tokens in decode(self.model, chunk_prompts, counts, params.max_tokens, draw, eos_ids, self.tokenizer.pad_token_id):
                     text = self.tokenizer.decode(tokens, skip_special_tokens=True)
                     out.append(Completion(text=text, tokens=len(tokens), truncated=tokens[-1] not in eos_ids))
         return [out[i * n : (i + 1) * n] for i in range(len(prompts))]

@@ -7,11 +7,12 @@
 
 Turns are synchronous: every sample generates until it ends, runs out of room, or closes a
 code block; the blocks of the batch run in the sandbox together; the samples that called a tool
-come back as prompts of their own (the prompt, the rollout so far and the output) for the next
-turn, and the others leave the batch. `step(prompts, counts, max_tokens, stop)` is the engine:
-r1kit's decoding loop on a CPU (its ``stop`` asked after each token), vLLM with the closing fence
-as a stop string elsewhere. Each turn but the first prefills its rollouts again (no cache is kept
-across a tool call), which on short rollouts costs less than it saves in simplicity.
+go on to the next turn after the output, and the others leave the batch.
+`step(prompts, counts, max_tokens, stop)` is the engine: vLLM with the closing fence as a stop
+string (each turn a prompt of its own: the prompt, the rollout so far and the output; vLLM's
+prefix cache holds what came before), or r1kit's decoding loop (r1kit.sampling.decode.Step: its
+``stop`` asked after each token), whose ``session(prompts, counts)`` keeps every rollout's keys
+and values from one turn to the next, so that a turn prefills only what the world appended.
 
 A rollout's tokens never exceed `max_tokens`, tool output included (an output that does not fit
 is cut, and the rollout ends there, truncated). Past its tool's ``calls`` a rollout's blocks are
@@ -152,13 +153,14 @@ def rollouts(
     owner = [p for p, n in enumerate(counts) for _ in range(n)]  # each rollout's prompt
     live = list(range(len(out)))  # the rollouts of this turn, in the order step returns them
     turn_prompts, turn_counts, budget = prompts, counts, max_tokens
+    session = step.session(prompts, counts) if hasattr(step, "session") else None
 
     while live:
         def stop(i: int, tokens: list[int]) -> bool:  # i: the rollout's place in this turn
             return world.stop(out[live[i]], tokens)
 
         turn_budget = budget if world.turn_tokens is None else min(budget, world.turn_tokens)
-        new = step(turn_prompts, turn_counts, turn_budget, stop)
+        new = session.generate(turn_budget, stop) if session else step(turn_prompts, turn_counts, turn_budget, stop)
         ended: list[tuple[int, list[int], str]] = []
         for r, tokens in zip(live, new):
             room = max_tokens - len(out[r].ids)
@@ -169,7 +171,8 @@ def rollouts(
             if tokens:
                 ended.append((r, tokens, "cut" if len(out[r].ids) >= max_tokens else "eos" if tokens[-1] in eos_ids else "stop"))
         replies = world.reply([(out[r], tokens, how) for r, tokens, how in ended])
-        live = []
+        place = {r: i for i, r in enumerate(live)}
+        live, shown_all = [], []
         for (r, _, _), reply in zip(ended, replies):
             if reply is None:
                 continue
@@ -179,6 +182,9 @@ def rollouts(
             t.mask += [0] * len(shown)
             if len(t.ids) < max_tokens:
                 live.append(r)
+                shown_all.append(shown)
+        if session and live:
+            session.extend([place[r] for r in live], shown_all)
         turn_prompts = [prompts[owner[r]] + out[r].ids for r in live]
         turn_counts = [1] * len(live)
         budget = max((max_tokens - len(out[r].ids) for r in live), default=0)

@@ -180,7 +180,8 @@ def serve(config, buffers, version, lock, requests, results, settings) -> None:
     try:
         from transformers import AutoModelForCausalLM
 
-        from r1kit.sampling.decode import Nucleus, decode
+        from r1kit.sampling.decode import decode
+        from r1kit.sampling.draws import Nucleus
 
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
         nucleus = Nucleus(settings["temperature"], settings["top_p"])
@@ -229,11 +230,9 @@ def tool_rollouts(model, prompts, counts, max_tokens, tools, tokenizer, nucleus,
     them, in one forward pass a chunk of rows; 0 for a tool's tokens, which leave the loss), and the
     tools' figures."""
     from r1kit.sampling import tool_loop
-    from r1kit.sampling.decode import decode
+    from r1kit.sampling.decode import Step
 
-    def step(turn_prompts, turn_counts, budget, stop):
-        return decode(model, turn_prompts, turn_counts, budget, nucleus.draw, eos_ids, pad_id, stop)
-
+    step = Step(model, nucleus.draw, eos_ids, pad_id)
     transcripts = tool_loop.rollouts(step, prompts, counts, max_tokens, tools, tokenizer, eos_ids)
     rows = [p for p, n in zip(prompts, counts) for _ in range(n)]
     logps = []

@@ -101,25 +101,25 @@ def generation_region(trainer):
 
 
 def loop_step(trainer) -> Step:
-    """r1kit's decoding loop over `trainer`'s current weights (unwrapped for generation as TRL
-    does), with its temperature and top-p, each call in `generation_region`."""
+    """r1kit's decoding loop (r1kit.sampling.decode.Step) over `trainer`'s current weights,
+    with its temperature and top-p, each call in `generation_region` with the model unwrapped
+    for generation as TRL does."""
     from trl.models import unwrap_model_for_generation
 
-    from r1kit.sampling.decode import Nucleus, decode
+    from r1kit.sampling import decode, draws
 
     args = trainer.args
-    draw = Nucleus(args.temperature, args.top_p).draw
-    eos_ids, pad_id = set(trainer.eos_token_ids), trainer._tokenizer.pad_token_id
 
-    def step(prompts, counts, max_tokens, stop=None):
-        unwrapped = unwrap_model_for_generation(
+    @contextlib.contextmanager
+    def region():  # yields the model as it is now
+        with generation_region(trainer), unwrap_model_for_generation(
             trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=args.ds3_gather_for_generation,
             gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
-        )
-        with generation_region(trainer), unwrapped as model:
-            return decode(model, prompts, counts, max_tokens, draw, eos_ids, pad_id, stop)
+        ) as model:
+            yield model
 
-    return step
+    return decode.Step(None, draws.Nucleus(args.temperature, args.top_p).draw, set(trainer.eos_token_ids),
+                       trainer._tokenizer.pad_token_id, region)
 
 
 def vllm_step(trainer, stop: list[str]) -> Step:
