@@ -31,11 +31,12 @@ $(VENV)/.floor: $(VENV)/.installed
 	$(PY) -m pip download -q --no-deps -d $(VENV)/floor transformers==5.17.0
 	touch $@
 
-.PHONY: install test demo tools-demo guess-demo distill-demo r1-zero-demo docs constraints
+.PHONY: install test demo tools-demo guess-demo chain-sum-demo distill-demo r1-zero-demo docs constraints
 install: $(VENV)/.installed
 
+# One test process per core (pytest-xdist), each test file in one of them (its module fixtures once).
 test: $(VENV)/.installed $(VENV)/.vllm $(VENV)/.floor $(VENV)/.environments
-	R1KIT_TESTED_SET=1 $(PY) -m pytest
+	R1KIT_TESTED_SET=1 $(PY) -m pytest -n auto --dist loadfile
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/r1kit run recipes/demo.yaml
@@ -45,6 +46,9 @@ tools-demo: $(VENV)/.installed
 
 guess-demo: $(VENV)/.installed
 	$(VENV)/bin/r1kit run recipes/guess_demo.yaml
+
+chain-sum-demo: $(VENV)/.installed $(VENV)/.environments
+	$(VENV)/bin/r1kit run recipes/chain_sum_demo.yaml
 
 distill-demo: $(VENV)/.installed
 	$(VENV)/bin/r1kit run recipes/distill_demo.yaml

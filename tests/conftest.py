@@ -12,6 +12,8 @@ import pytest
 import yaml
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # tests run in parallel processes, one per core: one thread each
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def interruptible() -> None:

@@ -334,10 +334,14 @@ def test_guess_games_and_their_cold_start_turns():
         if not done:
             number = row["completion"][0]["tool_calls"][0]["function"]["arguments"]["number"]
             assert number not in calls and 1 <= number <= 8 and secret is not None  # blind: never a number guessed already
-    informed = games(400, demos=True, informed=1.0)
-    for row in informed:  # every guess the replies allow
+            assert calls or number != 4  # nor the middle first: the first guess tells blind games from halving ones
+    halving = games(400, demos=True, informed=1.0)
+    for row in halving:  # every guess the middle of what the replies allow; every game won
         calls = [m["tool_calls"][0]["function"]["arguments"]["number"] for m in row["prompt"] if m.get("tool_calls")]
         replies = [m["content"] for m in row["prompt"] if m["role"] == "tool"]
+        low = max([c + 1 for c, r in zip(calls, replies) if r == "higher"], default=1)
+        top = min([c - 1 for c, r in zip(calls, replies) if r == "lower"], default=8)
         if row["completion"][0].get("tool_calls"):
-            n = row["completion"][0]["tool_calls"][0]["function"]["arguments"]["number"]
-            assert all((n > c) if r == "higher" else (n < c) for c, r in zip(calls, replies))
+            assert row["completion"][0]["tool_calls"][0]["function"]["arguments"]["number"] == (low + top) // 2 and len(calls) < 4
+    won, played = sum(not r["completion"][0].get("tool_calls") for r in halving), sum(len(r["prompt"]) == 1 for r in halving)
+    assert played - won <= 1  # the last game may be cut short by the 400 rows

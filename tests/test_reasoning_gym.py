@@ -212,3 +212,23 @@ def test_given_completions_are_scored_exactly(tmp_path, capsys):
     assert [r["correct"] for r in rows] == [s == 1.0 for _, _, s in expected]
     assert 0.0 < rows[4]["score"] < 1.0 and rows[4]["correct"] is False  # partly right is not correct
     assert "| basic_arithmetic | 3 | 4 |" in capsys.readouterr().out
+
+
+def test_the_chain_sum_cold_start_works_reasoning_gyms_problems_and_its_scorer_agrees():
+    """task:chain_sum: reasoning-gym's chain_sum problems, each demonstration's steps the running
+    sum and its answer the one reasoning-gym's scorer gives full marks; `direct` answers without
+    working; the test split draws other problems."""
+    from r1kit.offline.tasks import chain_sum
+
+    rows = chain_sum(n=200, terms=4, seed=3, direct=0.4)
+    assert [r["prompt"] for r in rows] == [str(e["question"]) for e in fresh("chain_sum", 200, 3, {"min_terms": 4, "max_terms": 4, "min_digits": 1, "max_digits": 1})]
+    assert reward_registry.build("reasoning_gym")([r["completion"] for r in rows], reasoning_gym=[r["reasoning_gym"] for r in rows]) == [1.0] * 200
+    worked = [r for r in rows if "<think> </think>" not in r["completion"]]
+    assert 0.5 < len(worked) / len(rows) < 0.7
+    for row in worked:
+        steps = row["completion"].split("<think> ")[1].split(" </think>")[0].split(" , ")
+        assert len(steps) == 3 and steps[-1].endswith(f"={row['answer']}")
+        for step in steps:
+            left, result = step.rsplit("=", 1)
+            assert eval(left) == int(result)  # noqa: S307 - digits and one operator
+    assert [r["prompt"] for r in chain_sum(n=50, terms=4, seed=3, split="test")] != [r["prompt"] for r in rows[:50]]

@@ -295,6 +295,7 @@ def test_network_is_unreachable():
         ("os.kill(-1, signal.SIGKILL)", True),  # all it may signal: nothing but itself, spared
         ("os.setpgid(0, os.getpgid(os.getppid()))", False),  # leave its group for the server's
     ],
+    ids=["caller", "fork-server", "callers-group", "own-group", "everyone", "leave-group"],  # not the pid: the same ids in every process
 )
 def test_killing_the_caller_fails_and_the_caller_keeps_working(attack, survives):
     result = run(f"import os, signal\n{attack}\nprint('survived')\n")

@@ -74,7 +74,7 @@ def test_mix_shuffles_tasks_into_one_table_with_both_verifier_columns():
     assert {r["id"] for r in rows if r["task"] == "code"} == {r["id"] for r in functions(20, split="test", direct=0.5)}
     from r1kit.errors import DataError
 
-    with pytest.raises(DataError, match="task:mix: unknown task 'lastdigit' to mix; tasks: addition, chain, last_digit, multiply, functions"):
+    with pytest.raises(DataError, match="task:mix: unknown task 'lastdigit' to mix; tasks: addition, chain, chain_sum, last_digit, multiply, functions"):
         generate("mix", "train", {"lastdigit": {"n": 3}})
     with pytest.raises(DataError, match="task:mix: the arguments of functions are a mapping"):
         generate("mix", "train", {"functions": 3})
@@ -106,5 +106,5 @@ def test_bad_arguments_are_one_line_errors():
 
     with pytest.raises(DataError, match=r"task:last_digit: direct must be between 0 and 1, got 1.5"):
         generate("last_digit", "train", {"direct": 1.5})
-    with pytest.raises(DataError, match="unknown task; tasks: addition, chain, last_digit, multiply, functions, guess, mix"):
+    with pytest.raises(DataError, match="unknown task; tasks: addition, chain, chain_sum, last_digit, multiply, functions, guess, mix"):
         generate("countdown", "train", {})

@@ -101,7 +101,8 @@ class Spec:
     has_reward: bool
     has_step: bool
     slowest: float | None = None
-    """The longest tool or ``step`` call to an instance so far, in seconds; None: no call yet."""
+    """The longest tool or ``step`` call to an instance so far (the call's own seconds, not the wait
+    for its thread); None: no call yet."""
 
     @property
     def key(self) -> str:
@@ -216,20 +217,16 @@ class Failed(Exception):
 def call_with_timeout(fn: Callable, timeout: float, *args, spec: Spec | None = None, **kwargs):
     """`fn(*args, **kwargs)` on a thread of its own; `Failed` when it raises or passes `timeout`
     seconds (the thread is left running, as a daemon: Python cannot stop it). With `spec`, its
-    `slowest` is kept up to date."""
-    if spec is not None:
-        start = time.perf_counter()
-        try:
-            return call_with_timeout(fn, timeout, *args, **kwargs)
-        finally:
-            spec.slowest = max(spec.slowest or 0.0, time.perf_counter() - start)
+    `slowest` is kept up to date (the call's own time; a timeout counts as its bound)."""
     with _IDLE_LOCK:
         caller = _IDLE.pop() if _IDLE else None
     caller = caller or _Caller()
     box: dict[str, Any] = {}
     done = threading.Event()
-    caller.calls.put((fn, args, kwargs, box, done))
+    caller.calls.put((fn, args, kwargs, box, done, spec))
     if not done.wait(timeout):
+        if spec is not None:
+            spec.slowest = max(spec.slowest or 0.0, timeout)
         raise Failed(f"timeout: {getattr(fn, '__name__', 'call')} took over {timeout:g} s")
     if "error" in box:
         raise box["error"]
@@ -247,12 +244,15 @@ class _Caller:
 
     def run(self) -> None:
         while True:
-            fn, args, kwargs, box, done = self.calls.get()
+            fn, args, kwargs, box, done, spec = self.calls.get()
+            start = time.perf_counter()
             try:
                 value = fn(*args, **kwargs)
                 box["value"] = asyncio.run(value) if inspect.isawaitable(value) else value  # an async tool
             except BaseException as exc:  # noqa: BLE001 (reported to the caller)
                 box["error"] = exc
+            if spec is not None:  # the call's own time, not the wait for this thread
+                spec.slowest = max(spec.slowest or 0.0, time.perf_counter() - start)
             done.set()
             with _IDLE_LOCK:
                 _IDLE.append(self)

@@ -158,6 +158,35 @@ def last_digit(
     return _rows("last_digit", terms if ops == "+*" else f"{terms}{ops}", draw, n, split, seed, direct, f"{terms}-term chains of {ops}")
 
 
+def chain_sum(n: int = 1000, terms: int = 4, split: str = "train", seed: int = 0, direct: float = 0.0) -> list[dict]:
+    """`n` of reasoning-gym's ``chain_sum`` problems (sums and differences of `terms` one-digit
+    numbers: its questions, answers and ``reasoning_gym`` column, so its own scorer judges them),
+    with worked demonstrations, a cold start for training on ``reasoning_gym:chain_sum``:
+
+    ``State the final answer to the following arithmetic problem: 4 - 1 - 7 =`` → ``<think> 4-1=3
+    , 3-7=-4 </think> <answer> -4 </answer>``. `direct` is as in `chain`. The problems are
+    reasoning-gym's with seed `seed` (``test``: another seed); the space of 4 terms holds 80,000,
+    so a few hundred benchmark problems (seed 1) share a handful with 2,000 of these."""
+    from r1kit.environments import reasoning_gym
+
+    if not 0.0 <= direct <= 1.0:
+        raise ValueError(f"direct must be between 0 and 1, got {direct!r}")
+    settings = {"size": n, "min_terms": terms, "max_terms": terms, "min_digits": 1, "max_digits": 1}
+    rng = random.Random(f"chain_sum-{terms}-{split}-{seed}")
+    rows = reasoning_gym.rows("chain_sum", settings, seed=seed if split == "train" else seed + 1_000_003)
+    for row in rows:
+        words = row["prompt"].rsplit(":", 1)[1].replace("=", "").split()  # "4 - 1 - 7"
+        total, steps = int(words[0]), []
+        for op, x in zip(words[1::2], words[2::2]):
+            result = total + int(x) if op == "+" else total - int(x)
+            steps.append(f"{total}{op}{x}={result}")
+            total = result
+        working = "" if direct and rng.random() < direct else " " + " , ".join(steps)
+        completion = f"<think>{working} </think> <answer> {row['answer']} </answer>"
+        row.update(completion=completion, messages=[{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": completion}])
+    return rows
+
+
 def multiply(n: int = 1000, digits: int = 3, split: str = "train", seed: int = 0, direct: float = 0.0) -> list[dict]:
     """`n` products of two `digits`-digit numbers from `split`, worked with the python tool.
 
@@ -213,10 +242,13 @@ def guess(n: int = 1000, split: str = "train", seed: int = 0, high: int = 8, gue
     ``answer``. With `demos`, cold-start rows instead, one per turn of a played game: ``prompt``
     (the conversation so far), ``completion`` (the turn: a tool call, or after ``correct`` a
     closing line) and ``tools`` (the game's tool, as JSON): SFT on them trains the turns, not the
-    game's replies. A demonstration guesses blind, a number not guessed yet, except for the share
-    `informed` of guesses, which take a number the replies so far allow. The split hashes the
-    game's key (secret and draw), so a test game never repeats a training game's key; with few
-    secrets the same secret appears in both."""
+    game's replies. The share `informed` of the demonstrated games halve the range: the first
+    guess is the middle (``(1 + high) // 2``), each later one the middle of what the replies allow,
+    which finds any secret within ``log2(high) + 1`` guesses. The others guess blind, a number
+    not guessed yet and never the middle first: the first guess tells the two apart, and four
+    blind guesses of 1..8 find the secret half the time. The split hashes the game's key (secret
+    and draw), so a test game never repeats a training game's key; with few secrets the same
+    secret appears in both."""
     import json
 
     from transformers.utils import get_json_schema
@@ -239,9 +271,13 @@ def guess(n: int = 1000, split: str = "train", seed: int = 0, high: int = 8, gue
         game, low, top = Guess(1, high, guesses), 1, high
         game.reset(secret=secret)
         conversation = [{"role": "user", "content": question}]
-        for _ in range(guesses):
-            pool = [x for x in range(low, top + 1)] if rng.random() < informed else list(range(1, high + 1))
-            number = rng.choice([x for x in pool if x not in {m["arguments"]["number"] for m in _calls(conversation)}] or pool)
+        halving = rng.random() < informed
+        for turn in range(guesses):
+            guessed = {m["arguments"]["number"] for m in _calls(conversation)}
+            if halving:
+                number = (low + top) // 2
+            else:
+                number = rng.choice([x for x in range(1, high + 1) if x not in guessed and (turn or x != (1 + high) // 2)])
             call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "guess", "arguments": {"number": number}}}]}
             rows.append({"id": f"guess-{split}-{len(rows)}", "prompt": list(conversation), "completion": [call], "tools": json.dumps([tool])})
             reply = game.guess(number)
@@ -273,7 +309,7 @@ def mix(split: str = "train", seed: int = 0, **parts: dict) -> list[dict]:
     return rows
 
 
-TASKS = {"addition": addition, "chain": chain, "last_digit": last_digit, "multiply": multiply, "functions": functions, "guess": guess,
+TASKS = {"addition": addition, "chain": chain, "chain_sum": chain_sum, "last_digit": last_digit, "multiply": multiply, "functions": functions, "guess": guess,
          "mix": mix}
 
 
