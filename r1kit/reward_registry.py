@@ -39,6 +39,10 @@ built, so validate refuses them; and name the dataset columns it reads, ``my_rew
 fn(params) -> list[str]``, which validate compares with a stage's data where that is known
 without loading it (local .jsonl files: r1kit.data.columns_lacking).
 
+A reward that computes on a GPU of the process that calls it (a model loaded in process) says so,
+``my_reward.gpu = fn(params) -> bool``: a stage whose rewards run where no GPU is seen (TRL's
+asynchronous rollout worker) warns at validate time.
+
 A reward that keeps files between runs (a judge's cache) keeps them in `folder()`: the running
 stage's folder in a run (``R1KIT_STAGE_DIR``, set while a stage runs, in its process and the
 processes it starts), else r1kit's cache folder (``R1KIT_CACHE``, else ``$XDG_CACHE_HOME/r1kit``,
@@ -226,6 +230,11 @@ class Reward:
         """The dataset columns the reward reads, where its function names them (``fn.columns``)."""
         named = getattr(self.fn, "columns", None)
         return list(named({**parameters(self.fn), **self.params})) if named else []
+
+    def gpu(self) -> bool:
+        """Whether the reward computes on a GPU of the process that calls it (``fn.gpu``)."""
+        uses = getattr(self.fn, "gpu", None)
+        return bool(uses({**parameters(self.fn), **self.params})) if uses else False
 
     def __call__(self, completions: list[str], **columns) -> list[float | None]:
         if not self.when:

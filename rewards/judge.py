@@ -41,8 +41,8 @@ otherwise (r1kit.reward_registry.folder), and is read into memory once per proce
 stage or a rerun never asks twice. The raw reply is kept, so a changed parse rule reads the same
 replies again.
 
-Not here: served reward models (r1kit.rewards.reward_model scores in process), pairwise
-comparisons, or starting the judge's server.
+Not here: sequence-classifier reward models, in process or served (r1kit.rewards.reward_model),
+pairwise comparisons, or starting the judge's server.
 """
 
 from __future__ import annotations
@@ -194,15 +194,7 @@ def needed(template: str, question_column: str, answer_column: str) -> dict[str,
 class JudgeClient(Client):
     """r1kit's endpoint client, its hints naming the judge's parameters."""
 
-    def _key_hint(self) -> str:
-        env = self.config.api_key_env
-        return f"set {env} to a valid key" if env else "name the variable holding the key in the judge's api_key_env"
-
-    def check(self, url: str) -> int | None:
-        served = self.models(url)
-        if self.name not in served:
-            raise EndpointError(f"{url}: serves no model {self.name!r}; it serves: {', '.join(served) or 'none'} (set the judge's model)")
-        return served[self.name]
+    KEY_FIELD, NAME_HINT = "the judge's api_key_env", "set the judge's model"
 
 
 @functools.lru_cache(maxsize=8)

@@ -15,7 +15,8 @@ prints its arguments and the pid of a child it starts (``sleep 1000``, as vLLM s
 processes), writes each POST as a JSON line to ``--log``, and on SIGTERM ends the child (unless
 ``--keep-child``) and exits.
 
-GET /health, GET /v1/models; POST /v1/completions and /v1/chat/completions. Sample j of a prompt
+GET /health, GET /v1/models; POST /v1/completions and /v1/chat/completions; POST /classify (vLLM's
+pooling runner, at the root) where ``classify`` scores token ids. Sample j of a prompt
 is `completion(prompt, seed, j, temperature, max_tokens)`: words and token ids from a hash
 (greedy ignores seed and j), finish_reason "length" when it reaches max_tokens. With
 ``max_model_len`` set, /models reports it and, as vLLM does, max_tokens shrinks in silence to
@@ -24,7 +25,8 @@ what the context leaves after the prompt (token ids, or a chat message's words).
 reply), "slow" (sleep `slow` seconds first), "cut" (a body shorter than its Content-Length),
 "garbage" (200 with a body that is not JSON). ``usage = False``: replies without ``usage``.
 ``chat_reply``: a function of a chat request's body giving every sample's content instead (a
-scripted judge).
+scripted judge). ``classify``: a function of one input's token ids giving its score (a served
+reward model).
 """
 
 from __future__ import annotations
@@ -139,7 +141,12 @@ class Handler(BaseHTTPRequestHandler):
                               {"Retry-After": fake.retry_after} if fault == "429" else {})
         if not self.authorized():
             return
-        if body.get("model") not in fake.names or self.path not in ("/v1/completions", "/v1/chat/completions"):
+        if self.path == "/classify" and fake.classify and body.get("model") in fake.names:
+            rows = [{"index": i, "label": "LABEL_0", "probs": [fake.classify(ids)], "num_classes": 1} for i, ids in enumerate(body["input"])]
+            return self.reply(200, {"object": "list", "model": body["model"], "data": rows[::-1]})  # any order
+        if self.path not in ("/v1/completions", "/v1/chat/completions"):
+            return self.reply(404, {"detail": "Not Found"})  # FastAPI's reply to a route vLLM does not have
+        if body.get("model") not in fake.names:
             return self.reply(404, {"error": {"message": f"The model `{body.get('model')}` does not exist."}})
         prompt_tokens = len(prompt) if not chat else sum(len(m["content"].split()) for m in prompt)
         max_tokens = body.get("max_tokens", 16)
@@ -174,6 +181,7 @@ class FakeServer:
         self.retry_after, self.slow, self.usage = "0", 2.0, True  # Retry-After of a 429; seconds of "slow"; send usage
         self.max_model_len: int | None = None  # the context /models reports, which cuts completions short (None: none)
         self.chat_reply = None  # body -> the content of a chat reply's samples (None: hash words)
+        self.classify = None  # token ids -> a score: POST /classify answers, as vLLM's pooling runner (None: no such route)
         self.lock, self.gauge = threading.Lock(), gauge or Gauge()
         self.httpd = ThreadingHTTPServer((host, port), Handler)
         self.httpd.daemon_threads, self.httpd.fake = True, self

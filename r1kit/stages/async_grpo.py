@@ -27,6 +27,8 @@ over NCCL after every ``weight_sync_steps`` steps. r1kit supplies:
   worker asks for, reached past any HTTP proxy, stopped at the end (r1kit.sampling.serve); or a
   running one, ``trainer.vllm_server_base_url``, asked by ``validate --here`` and again before the
   model loads whether it serves that name;
+- a warning at validate time for a reward that computes on a GPU in process (a reward model not
+  served): TRL's rollout worker sees no GPU, so it would compute on the CPU;
 - one-line refusals, at validate time, of what TRL's trainer cannot do (`REFUSED`, `check`), and
   of what the machine lacks (`machine_problems`: CUDA, FlashAttention-3's GPU and its kernel, vLLM,
   the server's GPUs, an FSDP launch).
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +56,8 @@ from r1kit.hardware import Machine
 from r1kit.stages import hooks
 from r1kit.stages.base import StageContext, StageKind, StageResult, check_prompting
 from r1kit.trainers import lora
+
+log = logging.getLogger("r1kit")
 
 VERBATIM = "{{ messages[0]['content'] }}"
 """A chat template that renders a one-message conversation as that message's text."""
@@ -115,6 +120,10 @@ def check(stage: AsyncGRPOStage) -> None:
         raise RecipeError(f"{stage.name}.server_gpus: {gpus!r}: a list of distinct GPU indices (0 or more)")
     if stage.server_options and given:
         raise RecipeError(f"{stage.name}.server_options: r1kit starts no server when trainer.vllm_server_base_url is set")
+    for i, reward in enumerate(reward_registry.from_recipe(stage.rewards, f"{stage.name}.rewards")):
+        if reward.gpu():  # TRL spawns its rollout worker with CUDA_VISIBLE_DEVICES=""
+            log.warning("%s.rewards[%d]: reward %r computes in process, and TRL's rollout worker that calls it sees no GPU: it will "
+                        "compute on the CPU; serve it (vLLM: --runner pooling) and set its url", stage.name, i, reward.name)
     if gpus:
         tp, dp = parallelism(len(gpus), stage.server_options)
         if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (tp, dp)) or tp * dp != len(gpus):
