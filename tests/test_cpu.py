@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import subprocess
 import sys
 
@@ -260,19 +261,20 @@ def test_packed_linears_nest_without_packing_again():
     assert "forward" not in vars(model[0])
 
 
-def test_launched_processes_of_a_node_divide_its_cores(monkeypatch):
-    """Issue 66, point 12: under --accelerate-config each process kept the launcher's thread count
-    (torchrun: one), so on a machine of many cores two processes left most of them idle."""
-    from r1kit.hardware import World
-
-    monkeypatch.setattr(cpu, "has_gpu", lambda: False)
-    monkeypatch.setattr(cpu.os, "sched_getaffinity", lambda pid: set(range(16)))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # as torchrun sets it
-    before = torch.get_num_threads()
-    try:
-        assert cpu.share_cores(World(rank=1, world=4, local_rank=1, local_world=2)) == 8
-        assert torch.get_num_threads() == 8 and cpu.os.environ["OMP_NUM_THREADS"] == "8"  # the stage processes it starts too
-        assert cpu.share_cores(World()) is None  # one process: every core, as torch takes them
-        assert cpu.share_cores(World(world=2, local_world=40)) == 1
-    finally:
-        torch.set_num_threads(before)
+def test_launched_processes_of_a_node_divide_its_cores():
+    """Under --accelerate-config each process kept the launcher's thread count (torchrun: one), so
+    on a machine of many cores two processes left most of them idle. Checked in a fresh process
+    started as torchrun starts one (OMP_NUM_THREADS=1): a process that has run other tests may
+    hold its thread count where torch cannot change it."""
+    code = """
+import torch
+from r1kit.hardware import World, cpu
+cpu.has_gpu = lambda: False
+cpu.os.sched_getaffinity = lambda pid: set(range(16))
+assert cpu.share_cores(World(rank=1, world=4, local_rank=1, local_world=2)) == 8
+assert torch.get_num_threads() == 8 and cpu.os.environ["OMP_NUM_THREADS"] == "8"  # the stage processes it starts too
+assert cpu.share_cores(World()) is None  # one process: every core, as torch takes them
+assert cpu.share_cores(World(world=2, local_world=40)) == 1
+"""
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
