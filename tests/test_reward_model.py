@@ -127,7 +127,7 @@ def test_a_served_model_is_sent_the_tokens_the_in_process_one_reads(tiny_rm, fak
     expected = [tok.apply_chat_template([{"role": "user", "content": "What is 40 + 2?"}, {"role": "assistant", "content": t}], tokenize=False)
                 for t in texts]
     expected = [tok(e, add_special_tokens=False)["input_ids"][-24:] for e in expected]  # cut from the left, as in process
-    assert sent == expected and max(map(len, sent)) == 24
+    assert sorted(sent) == sorted(expected) and max(map(len, sent)) == 24  # the two requests may be answered in either order
     assert [r["body"]["use_activation"] for r in fake.answered()] == [False, False]  # two requests of batch_size 2: raw logits
     assert got == pytest.approx([sum(ids) / 1000 for ids in expected])
     sig = score(tiny_rm, texts, prompt=["What is 40 + 2?"] * 3, **params, normalize="sigmoid")
