@@ -140,6 +140,8 @@ def _add_eval(sub) -> None:
     _add_flags(ev, Settings, protocol, {"samples": "K"})
     ev.add_argument("--env", "--environment", dest="environment", metavar="ENV", help="each sample an episode of this environment (r1kit.environments: "
                     "a registered name, module:Class, or a YAML mapping {name: guess, max_turns: 6}), which scores it")
+    ev.add_argument("--judge", metavar="YAML", help="grade every sample with a judge too, a judged column (r1kit.evaluation.judged): the judge "
+                    "reward's parameters, {url: http://127.0.0.1:8000/v1, model: judge, template: reference}")
     _add_flags(ev, EngineConfig, ["backend"])
     ev.add_argument("--endpoint", action="append", default=[], metavar="URL", help="sample a served model at this OpenAI-compatible base URL (http://host:8000/v1; repeatable: requests spread over the servers); backend endpoint")
     ev.add_argument("--served-model", metavar="NAME", help="with --endpoint: the name the server serves the model under (default: --model)")
@@ -165,6 +167,8 @@ def _cmd_eval(args) -> None:
 
     _served(args)
     if args.suite:
+        if args.judge:
+            raise EvalError("--judge grades one benchmark's samples: give --benchmark, not --suite")
         return _cmd_suite(args)
     if args.data:
         raise EvalError("--data NAME=FILE is for --suite; with --benchmark use --data-file FILE")
@@ -181,6 +185,7 @@ def _cmd_eval(args) -> None:
     extra = {"data_file": args.data_file, "choice_seed": args.choice_seed, "rating_table": args.rating_table}
     bench = load_benchmark(args.benchmark, **fields, **window, limit=args.limit, task_args=task_args, environment=args.environment is not None, **extra)
     settings = Settings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)})
+    judge = _judge(args.judge)
     if args.completions:
         check_settings(settings)
         if args.environment is not None:
@@ -188,7 +193,7 @@ def _cmd_eval(args) -> None:
         if args.tools:
             raise EvalError("--tools runs code while sampling; --completions scores saved generations, whose transcripts hold any tool output: drop --tools")
         summary = score_completions(bench, args.completions, args.output, args.answer_fallback, limits(settings), settings.think_prefill,
-                                    limited=args.limit is not None)
+                                    limited=args.limit is not None, judge=judge)
     else:
         from r1kit.hardware import cpu
 
@@ -196,9 +201,25 @@ def _cmd_eval(args) -> None:
         from r1kit.sampling import closing, load_sampler
 
         with closing(lambda: load_sampler(args.model, args.backend, endpoint=args.endpoint_config, log_dir=args.output)) as sampler:
-            summary = evaluate(bench, args.output, settings, model=args.model, backend=args.backend, endpoint=args.endpoint_config, sampler=sampler)
+            summary = evaluate(bench, args.output, settings, model=args.model, backend=args.backend, endpoint=args.endpoint_config, sampler=sampler,
+                               judge=judge)
     print(table([summary]), end="")
     print(f"samples and summary: {args.output}")
+
+
+def _judge(text: str | None):
+    """The --judge flag's reward (r1kit.evaluation.judged), or None; an EvalError names what is wrong."""
+    from r1kit.config import parse_yaml
+    from r1kit.evaluation import judged
+
+    if text is None:
+        return None
+    try:
+        return judged.load(parse_yaml(text))
+    except RewardError as exc:
+        raise EvalError(f"--judge: {exc}") from None
+    except Exception as exc:  # YAML that does not parse
+        raise EvalError(f"--judge: not a YAML mapping ({' '.join(str(exc).split())[:200]})") from None
 
 
 def _served(args) -> None:

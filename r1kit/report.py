@@ -89,12 +89,15 @@ def accuracy_table(rows: list[dict]) -> str:
         return "(no eval stages)"
     cons = list(dict.fromkeys(k for row in rows for k in row if k.startswith("cons@")))  # one column per k the stages used
     tools = ["tool_calls", "tool_call_share", "pass@1_with_tool", "pass@1_without_tool"] if any("tool_calls" in r for r in rows) else []
+    judged = ["judged", "judge_agreement"] if any("judged" in r for r in rows) else []  # r1kit.evaluation.judged
     twice = len({(r["model"], r["benchmark"]) for r in rows}) < len(rows)  # a model evaluated by several stages: name them
-    cols = [*(["eval"] if twice else []), "model", "benchmark", "domain", "pass@1", *cons, "mean_tokens", "truncated", *tools]
+    cols = [*(["eval"] if twice else []), "model", "benchmark", "domain", "pass@1", *cons, "mean_tokens", "truncated", *tools, *judged]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for row in rows:
-        lines.append("| " + " | ".join(_fmt(row.get(c)) if c in tools else _fmt(row.get(c, "")) for c in cols) + " |")
+        lines.append("| " + " | ".join(_fmt(row.get(c)) if c in tools or c in judged else _fmt(row.get(c, "")) for c in cols) + " |")
     note = "\n\ntool_calls: tool calls per sample (- where the eval ran without tools); pass@1 over the samples with and without a call." if tools else ""
+    if judged:
+        note += "\n\njudged: the judge's pass@1 (- where the eval had no judge); judge_agreement: the share of samples where judge and verifier agree."
     ways = dict.fromkeys((r["eval"], r.get("protocol", "?")) for r in rows)
     measured = "\n".join(f"{name}: {way}" for name, way in ways)
     return "\n".join(lines) + note + "\n\nMeasured with:\n" + measured

@@ -39,8 +39,8 @@ Parameters:
   server serves it under (default: ``model`` as written, vLLM's default); ``api_key_env``: the
   environment variable holding the key.
 
-Not here: pairwise or generative judges (r1kit.rewards.judge), training a reward model, or
-starting its server.
+Not here: pairwise or generative judges (r1kit.rewards.judge), training a reward model (the
+``reward`` stage, r1kit.stages.reward), or starting its server.
 """
 
 from __future__ import annotations
@@ -133,21 +133,22 @@ def rendered(tokenizer, completions: list[str], text: str, questions: list) -> l
     return out
 
 
+def encode(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
+    """The token ids the reward model scores for `texts` (`rendered`), the end kept where they are
+    too long; in process, served, and in r1kit's reward stage, which trains on these very ids."""
+    special = not tokenizer.chat_template  # a chat template writes its own BOS
+    return [tokenizer(t, truncation=True, max_length=max_length, add_special_tokens=special)["input_ids"] for t in texts]
+
+
 def scored_here(model: str, texts: list[str], batch_size: int, max_length: int) -> list[float]:
     import torch
 
     tokenizer, rm = load(model)
+    ids = encode(tokenizer, texts, max_length)
     scores: list[float] = []
     with torch.inference_mode():
-        for start in range(0, len(texts), batch_size):
-            enc = tokenizer(
-                texts[start : start + batch_size],
-                return_tensors="pt",
-                padding=True,
-                truncation=True,
-                max_length=max_length,
-                add_special_tokens=not tokenizer.chat_template,  # a chat template writes its own BOS
-            ).to(rm.device)
+        for start in range(0, len(ids), batch_size):
+            enc = tokenizer.pad({"input_ids": ids[start : start + batch_size]}, return_tensors="pt").to(rm.device)
             scores += rm(**enc).logits[:, 0].float().tolist()
     return scores
 
@@ -198,9 +199,7 @@ def client(urls: tuple[str, ...], name: str, api_key_env: str, key: str, concurr
 
 def scored_there(model: str, texts: list[str], batch_size: int, max_length: int, urls: tuple[str, ...], name: str,
                  api_key_env: str, concurrency: int) -> list[float]:
-    tokenizer = tokenizer_of(model)
-    special = not tokenizer.chat_template  # as in process: a chat template writes its own BOS
-    ids = [tokenizer(t, truncation=True, max_length=max_length, add_special_tokens=special)["input_ids"] for t in texts]
+    ids = encode(tokenizer_of(model), texts, max_length)
     try:
         asker, context = client(urls, name, api_key_env, os.environ.get(api_key_env, "") if api_key_env else "", concurrency)
         longest = max(map(len, ids))

@@ -333,8 +333,7 @@ def test_guess_games_and_their_cold_start_turns():
         secret = next(s for s in range(1, 9) if (env.reset(secret=s), [env.guess(c) for c in calls])[1] == replies)
         if not done:
             number = row["completion"][0]["tool_calls"][0]["function"]["arguments"]["number"]
-            assert number not in calls and 1 <= number <= 8 and secret is not None  # blind: never a number guessed already
-            assert calls or number != 4  # nor the middle first: the first guess tells blind games from halving ones
+            assert number == len(calls) + 1 and secret is not None  # counting up from 1, whatever the replies
     halving = games(400, demos=True, informed=1.0)
     for row in halving:  # every guess the middle of what the replies allow; every game won
         calls = [m["tool_calls"][0]["function"]["arguments"]["number"] for m in row["prompt"] if m.get("tool_calls")]
@@ -345,3 +344,18 @@ def test_guess_games_and_their_cold_start_turns():
             assert row["completion"][0]["tool_calls"][0]["function"]["arguments"]["number"] == (low + top) // 2 and len(calls) < 4
     won, played = sum(not r["completion"][0].get("tool_calls") for r in halving), sum(len(r["prompt"]) == 1 for r in halving)
     assert played - won <= 1  # the last game may be cut short by the 400 rows
+
+
+def test_the_silent_guess_game_answers_at_random_whatever_the_secret():
+    """feedback: false, the demo's control: the same words, no information about the secret."""
+    from r1kit.environments.guess import Guess
+
+    for secret in (1, 8):
+        env = Guess(seed=0, feedback=False, max_guesses=100)
+        env.reset(secret=secret)
+        replies = [env.guess(4) for _ in range(60)]
+        assert set(replies) == {"higher", "lower"} and 15 < replies.count("higher") < 45
+        assert env.guess(secret) == "correct" and env.get_reward() == 1.0
+    told = Guess(feedback=True)
+    told.reset(secret=8)
+    assert told.guess(4) == "higher"

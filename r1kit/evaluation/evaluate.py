@@ -66,7 +66,10 @@ limits and checker, and the summary adds ``rating``, the rating the model's solv
 (r1kit.evaluation.codeforces), and with ``--rating-table`` its ``percentile``. Several benchmarks and one
 table beside published figures: ``r1kit eval --suite r1`` (r1kit.evaluation.suite).
 
-Not here: LLM judges, proofs, interactive problems.
+A judge (``--judge``, ``judge:`` in an eval stage: an LLM-as-judge or a reward model) grades the
+samples beside the verifier into a judged column (r1kit.evaluation.judged).
+
+Not here: proofs, interactive problems.
 """
 
 from __future__ import annotations
@@ -82,8 +85,9 @@ from typing import Any, Callable
 
 from r1kit.environments import from_recipe as load_environments
 from r1kit.evaluation.benchmarks import Benchmark
+from r1kit.evaluation.judged import grade
 from r1kit.errors import EvalError, RecipeError
-from r1kit.files import atomic_file, write_atomic
+from r1kit.files import write_atomic
 from r1kit.evaluation.metrics import runs_code, score, summarize
 from r1kit.sampling import backends
 from r1kit.sampling.base import Completion, Sampler, SamplingConfig, SamplingParams
@@ -189,7 +193,10 @@ def limits(settings: Protocol) -> Limits:
     return Limits(wall_s=settings.code_timeout, cpu_s=settings.code_timeout, memory_mb=settings.code_memory_mb)
 
 
-def _finish(out: Path, bench: Benchmark, rows: list[dict], k: int, head: dict, sandbox: Limits) -> dict:
+def _finish(out: Path, bench: Benchmark, rows: list[dict], k: int, head: dict, sandbox: Limits, judge=None) -> dict:
+    """Judge the rows (when asked: r1kit.evaluation.judged), write samples.jsonl and summary.json; the summary."""
+    judged = grade(rows, bench.problems, judge, out) if judge else {}
+    write_atomic(out / SAMPLES, "".join(json.dumps(r) + "\n" for r in rows))
     summary = {"benchmark": bench.name, "source": bench.source, "domain": bench.domain, **head, "limit": bench.limit}
     if bench.config.get("task_args"):
         summary["task_args"] = bench.config["task_args"]  # what decided a task benchmark's problems
@@ -200,6 +207,7 @@ def _finish(out: Path, bench: Benchmark, rows: list[dict], k: int, head: dict, s
     if runs_code(bench):
         summary["sandbox"] = dataclasses.asdict(sandbox)
     summary.update(summarize(bench, rows, k))
+    summary.update(judged)
     write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     return summary
 
@@ -263,6 +271,7 @@ def evaluate(
     shard: int = 0,
     shards: int = 1,
     first_call: int = 0,
+    judge=None,
 ) -> dict[str, Any] | None:
     """Sample, score and summarize `bench` for `model` into `out_dir`, resuming what is there.
 
@@ -275,7 +284,8 @@ def evaluate(
     `first_call`: an eval stage numbers the calls of all its benchmarks in one sequence) is
     `shard` modulo `shards`, into a journal of its own, and returns None; once every shard is
     done, one call with the default `shard` and `shards` samples any call left, writes
-    samples.jsonl in problem order (the rows of a single-process run) and summarizes.
+    samples.jsonl in problem order (the rows of a single-process run) and summarizes. `judge`
+    (a reward, r1kit.evaluation.judged.load) grades the samples beside the verifier.
     """
     check_settings(settings)
     if endpoint:
@@ -314,10 +324,8 @@ def evaluate(
     if shards > 1:
         return None
     rows = list(job.records())
-    with atomic_file(out / SAMPLES) as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
     where = {"endpoint": endpoint.url} if endpoint and endpoint.url else {}  # not in the fingerprint: any server of the model resumes
-    return _finish(out, bench, rows, settings.samples, head | where, limits(settings))
+    return _finish(out, bench, rows, settings.samples, head | where, limits(settings), judge)
 
 
 def sampled_by(backend: str, endpoint, model: str) -> dict:
@@ -346,14 +354,14 @@ def _completion(path: Path, lineno: int, row: dict):
 
 def score_completions(
     bench: Benchmark, completions: str | Path, out_dir: str | Path, fallback: str = "none",
-    sandbox: Limits | None = None, prefilled: bool = False, limited: bool = False,
+    sandbox: Limits | None = None, prefilled: bool = False, limited: bool = False, judge=None,
 ) -> dict[str, Any]:
     """Score existing generations: rows {"id", "completion"} (optionally "sample", "tokens",
     "truncated"), the same number of rows for every problem (k samples each), a problem's in the
     order of their "sample" numbers where they carry them (else as listed: cons@k breaks ties by
     that order); code runs under `sandbox` (default: the protocol's limits); `prefilled`: their
     prompts opened <think>; `limited`: `bench` holds the first problems only (--limit), and rows
-    of the others are left out."""
+    of the others are left out; `judge`: a judged column's reward (r1kit.evaluation.judged)."""
     from r1kit.data import read_jsonl
 
     path = Path(completions)
@@ -401,8 +409,7 @@ def score_completions(
     head = {"model": None, "completions": str(path), "samples": k, "answer_fallback": fallback, "think_prefill": prefilled}
     _claim(out, {"benchmark": bench.config, **head})
     rows = score(bench.problems, [given[i] for i in ids], fallback, sandbox, prefilled)
-    write_atomic(out / SAMPLES, "".join(json.dumps(r) + "\n" for r in rows))
-    return _finish(out, bench, rows, k, head, sandbox)
+    return _finish(out, bench, rows, k, head, sandbox, judge)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -459,11 +466,14 @@ def table(summaries: list[dict], labels: list[str] | None = None) -> str:
     def pct(value):
         return "-" if value is None else f"{100 * value:.1f}"
 
-    lines = ["| run | benchmark | problems | k | pass@1 | cons@k | pass@k | mean tokens | truncated % |", "|---|---|" + "---:|" * 7]
+    judged = any("judged" in s for s in summaries)  # a judged column (r1kit.evaluation.judged)
+    head = ["run", "benchmark", "problems", "k", "pass@1", "cons@k", "pass@k", "mean tokens", "truncated %", *(["judged", "agreement %"] if judged else [])]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
     for label, s in zip(labels, summaries):
         k = s["samples"]
         tokens = "-" if s["mean_tokens"] is None else f"{s['mean_tokens']:.0f}"
         cells = [label, s["benchmark"], s["problems"], k, pct(s["pass@1"]), pct(s.get(f"cons@{k}")), pct(s[f"pass@{k}"]), tokens, pct(s["truncated"])]
+        cells += [pct(s.get("judged")), pct(s.get("judge_agreement"))] if judged else []
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     ways = {(label, s["benchmark"]): protocol_line(s) for label, s in zip(labels, summaries)}
     if len(set(ways.values())) == 1:
@@ -485,6 +495,8 @@ def figure_lines(summary: dict) -> list[str]:
         bound = " (a bound: the estimate reached the end of its range)" if summary.get("rating_clipped") else ""
         share = f", percentile {summary['percentile']:.1f}" if summary.get("percentile") is not None else ", no percentile (give --rating-table FILE)"
         lines.append(f"estimated rating {summary['rating']:.0f}{share}{bound}")
+    if summary.get("judge_unscored"):
+        lines.append(f"judged over the samples the judge scored: {summary['judge_unscored']} have no score")
     if summary.get("samples_without_tokens"):
         lines.append(f"mean tokens over the samples with a token count only: {summary['samples_without_tokens']} have none")
     for key, groups in (summary.get("breakdown") or {}).items():

@@ -158,7 +158,7 @@ def last_digit(
     return _rows("last_digit", terms if ops == "+*" else f"{terms}{ops}", draw, n, split, seed, direct, f"{terms}-term chains of {ops}")
 
 
-def chain_sum(n: int = 1000, terms: int = 4, split: str = "train", seed: int = 0, direct: float = 0.0) -> list[dict]:
+def chain_sum(n: int = 1000, terms: int = 4, split: str = "train", seed: int = 0, direct: float = 0.0, pairs: bool = False) -> list[dict]:
     """`n` of reasoning-gym's ``chain_sum`` problems (sums and differences of `terms` one-digit
     numbers: its questions, answers and ``reasoning_gym`` column, so its own scorer judges them),
     with worked demonstrations, a cold start for training on ``reasoning_gym:chain_sum``:
@@ -166,7 +166,13 @@ def chain_sum(n: int = 1000, terms: int = 4, split: str = "train", seed: int = 0
     ``State the final answer to the following arithmetic problem: 4 - 1 - 7 =`` → ``<think> 4-1=3
     , 3-7=-4 </think> <answer> -4 </answer>``. `direct` is as in `chain`. The problems are
     reasoning-gym's with seed `seed` (``test``: another seed); the space of 4 terms holds 80,000,
-    so a few hundred benchmark problems (seed 1) share a handful with 2,000 of these."""
+    so a few hundred benchmark problems (seed 1) share a handful with 2,000 of these.
+
+    With `pairs`, preference pairs for a reward model (the ``reward`` stage) instead: ``chosen``,
+    the worked demonstration (``direct`` unused), and ``rejected``, a wrong response that is
+    shorter, as in much preference data: half the time a working that leaves out one term (the
+    wrong total it reaches), else a wrong answer with no working. A reward model can rank these
+    by how much was written as well as by whether the sum is right."""
     from r1kit.environments import reasoning_gym
 
     if not 0.0 <= direct <= 1.0:
@@ -176,15 +182,36 @@ def chain_sum(n: int = 1000, terms: int = 4, split: str = "train", seed: int = 0
     rows = reasoning_gym.rows("chain_sum", settings, seed=seed if split == "train" else seed + 1_000_003)
     for row in rows:
         words = row["prompt"].rsplit(":", 1)[1].replace("=", "").split()  # "4 - 1 - 7"
-        total, steps = int(words[0]), []
-        for op, x in zip(words[1::2], words[2::2]):
-            result = total + int(x) if op == "+" else total - int(x)
-            steps.append(f"{total}{op}{x}={result}")
-            total = result
+        steps, _ = _worked(words)
+        if pairs:
+            row.update(chosen=f"<think> {' , '.join(steps)} </think> <answer> {row['answer']} </answer>", rejected=_shorter(words, rng))
+            continue
         working = "" if direct and rng.random() < direct else " " + " , ".join(steps)
         completion = f"<think>{working} </think> <answer> {row['answer']} </answer>"
         row.update(completion=completion, messages=[{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": completion}])
     return rows
+
+
+def _worked(words: list[str]) -> tuple[list[str], int]:
+    """The steps (``4-1=3``) and the total of the sum `words` (``["4", "-", "1", "-", "7"]``)."""
+    total, steps = int(words[0]), []
+    for op, x in zip(words[1::2], words[2::2]):
+        result = total + int(x) if op == "+" else total - int(x)
+        steps.append(f"{total}{op}{x}={result}")
+        total = result
+    return steps, total
+
+
+def _shorter(words: list[str], rng: random.Random) -> str:
+    """A wrong response to the sum `words`, shorter than its working (`chain_sum`'s pairs)."""
+    right = _worked(words)[1]
+    if rng.random() < 0.5:  # a term left out
+        skip = rng.randrange(1, len(words) // 2 + 1)
+        steps, total = _worked(words[: 2 * skip - 1] + words[2 * skip + 1 :])
+        if total != right:
+            return f"<think> {' , '.join(steps)} </think> <answer> {total} </answer>"
+    wrong = right + rng.choice([-3, -2, -1, 1, 2, 3])
+    return f"<think> </think> <answer> {wrong} </answer>"
 
 
 def multiply(n: int = 1000, digits: int = 3, split: str = "train", seed: int = 0, direct: float = 0.0) -> list[dict]:
@@ -244,9 +271,10 @@ def guess(n: int = 1000, split: str = "train", seed: int = 0, high: int = 8, gue
     closing line) and ``tools`` (the game's tool, as JSON): SFT on them trains the turns, not the
     game's replies. The share `informed` of the demonstrated games halve the range: the first
     guess is the middle (``(1 + high) // 2``), each later one the middle of what the replies allow,
-    which finds any secret within ``log2(high) + 1`` guesses. The others guess blind, a number
-    not guessed yet and never the middle first: the first guess tells the two apart, and four
-    blind guesses of 1..8 find the secret half the time. The split hashes the game's key (secret
+    which finds any secret within ``log2(high) + 1`` guesses. The others count up from 1 whatever
+    the replies say (1, 2, 3, ...): the first guess tells the two apart, and counting finds the
+    secret only when it is among the first `guesses` numbers (half the games of 1..8 in four
+    guesses). Both ways are fixed given the first guess, so a small model learns each. The split hashes the game's key (secret
     and draw), so a test game never repeats a training game's key; with few secrets the same
     secret appears in both."""
     import json
@@ -273,11 +301,7 @@ def guess(n: int = 1000, split: str = "train", seed: int = 0, high: int = 8, gue
         conversation = [{"role": "user", "content": question}]
         halving = rng.random() < informed
         for turn in range(guesses):
-            guessed = {m["arguments"]["number"] for m in _calls(conversation)}
-            if halving:
-                number = (low + top) // 2
-            else:
-                number = rng.choice([x for x in range(1, high + 1) if x not in guessed and (turn or x != (1 + high) // 2)])
+            number = (low + top) // 2 if halving else turn + 1
             call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "guess", "arguments": {"number": number}}}]}
             rows.append({"id": f"guess-{split}-{len(rows)}", "prompt": list(conversation), "completion": [call], "tools": json.dumps([tool])})
             reply = game.guess(number)
@@ -288,10 +312,6 @@ def guess(n: int = 1000, split: str = "train", seed: int = 0, high: int = 8, gue
                 rows.append({"id": f"guess-{split}-{len(rows)}", "prompt": list(conversation), "completion": [done], "tools": json.dumps([tool])})
                 break
     return rows[:n]
-
-
-def _calls(conversation: list[dict]) -> list[dict]:
-    return [c["function"] for m in conversation for c in m.get("tool_calls") or []]
 
 
 def mix(split: str = "train", seed: int = 0, **parts: dict) -> list[dict]:

@@ -25,6 +25,7 @@ _MODULES = {
     "rejection": "r1kit.stages.rejection",
     "eval": "r1kit.stages.evaluate",
     "distill": "r1kit.stages.distill",
+    "reward": "r1kit.stages.reward",
 }
 
 

@@ -16,6 +16,7 @@ arguments apply to every task benchmark (``task:NAME`` and ``reasoning_gym:NAME`
 when its keys name the stage's task benchmarks: ``task: {last_digit: {n: 200}, chain_sum: {size: 50}}``.
 ``since`` / ``until`` (YYYY-MM-DD) keep dated problems in a window (``benchmarks:
 [livecodebench], since: "2024-08-01"``): a stage with a window evaluates dated benchmarks only.
+``judge:`` grades every sample beside the verifier too (a judged column: r1kit.evaluation.judged).
 The model is loaded once, on the first benchmark that has problems left. The stage hands
 on no model: the next stage starts from the model this one evaluated.
 
@@ -40,7 +41,8 @@ from typing import Any
 from r1kit.evaluation import evaluate as ev
 from r1kit.evaluation.benchmarks import BENCHMARKS, CODE_BENCHMARKS, DATED, BenchmarkFields, benchmark_name, day, load_benchmark
 from r1kit.config import StageConfig
-from r1kit.errors import EvalError, RecipeError, suggest
+from r1kit.errors import EvalError, RecipeError, RewardError, suggest
+from r1kit.evaluation import judged
 from r1kit.sampling.base import EngineConfig
 from r1kit.sampling.endpoint import chat_problem
 from r1kit.stages import hooks
@@ -59,6 +61,9 @@ class EvalStage(StageConfig, ev.Protocol, EngineConfig, BenchmarkFields):
     task: dict[str, Any] = field(default_factory=dict)
     """Arguments of task:NAME benchmarks (see r1kit.offline.tasks) and reasoning_gym:NAME ones (size,
     seed and the task's settings), for all of them or keyed by task name."""
+    judge: dict[str, Any] | None = None
+    """A judge grading every sample beside the verifier, a judged column (r1kit.evaluation.judged):
+    the `judge` reward's parameters ({url, model, template, ...}), or another reward's with its name."""
 
 
 def task_args(stage: EvalStage, source: str) -> dict:
@@ -83,6 +88,10 @@ def check(stage: EvalStage) -> None:
         raise RecipeError(f"{stage.name}: {exc}") from None
     if not stage.benchmarks:
         raise RecipeError(f"{stage.name}.benchmarks: list at least one benchmark")
+    try:
+        judged.load(stage.judge)
+    except RewardError as exc:
+        raise RecipeError(f"{stage.name}.judge: {exc}") from None
     for key in ("since", "until"):
         try:
             day(getattr(stage, key), key)
@@ -158,12 +167,15 @@ def _run(ctx: StageContext, sampler) -> StageResult:
         if not ctx.is_main:
             return StageResult()
     summaries, metrics = [], {}
+    judge = judged.load(stage.judge)
     for bench in benches:
-        summary = ev.evaluate(bench, ctx.dir / bench.name, settings(stage, ctx.recipe.seed), model=ctx.model, backend=stage.backend, endpoint=stage.endpoint, sampler=sampler)
+        summary = ev.evaluate(bench, ctx.dir / bench.name, settings(stage, ctx.recipe.seed), model=ctx.model, backend=stage.backend,
+                              endpoint=stage.endpoint, sampler=sampler, judge=judge)
         summaries.append(summary)
         k = stage.samples
         tools = ("tool_calls", "tool_call_share", "pass@1_with_tool", "pass@1_without_tool") if "tool_calls" in summary else ()
-        for key in ("pass@1", f"cons@{k}", f"pass@{k}", "mean_tokens", "truncated", *tools):
+        graded = ("judged", "judge_agreement", "judge_unscored") if "judged" in summary else ()
+        for key in ("pass@1", f"cons@{k}", f"pass@{k}", "mean_tokens", "truncated", *tools, *graded):
             metrics[f"{bench.name}/{key}"] = summary[key]
         metrics[f"{bench.name}/domain"] = summary["domain"]
         metrics.update({f"{bench.name}/{key}": value for key, value in summary.items() if key.startswith("env/")})
