@@ -31,7 +31,7 @@ $(VENV)/.floor: $(VENV)/.installed
 	$(PY) -m pip download -q --no-deps -d $(VENV)/floor transformers==5.17.0
 	touch $@
 
-.PHONY: install test demo tools-demo guess-demo chain-sum-demo distill-demo r1-zero-demo docs constraints
+.PHONY: install test demo tools-demo guess-demo chain-sum-demo reward-hacking-demo distill-demo r1-zero-demo docs constraints
 install: $(VENV)/.installed
 
 # One test process per core (pytest-xdist), each test file in one of them (its module fixtures once).
@@ -49,6 +49,9 @@ guess-demo: $(VENV)/.installed
 
 chain-sum-demo: $(VENV)/.installed $(VENV)/.environments
 	$(VENV)/bin/r1kit run recipes/chain_sum_demo.yaml
+
+reward-hacking-demo: $(VENV)/.installed $(VENV)/.environments
+	$(VENV)/bin/r1kit run recipes/reward_hacking_demo.yaml
 
 distill-demo: $(VENV)/.installed
 	$(VENV)/bin/r1kit run recipes/distill_demo.yaml

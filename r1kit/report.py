@@ -10,6 +10,8 @@
     output_dir/plots/<stage>.png  reward, per-reward means (reflection among them when logged),
                                   completion length (and the share of rollouts calling a tool) over
                                   RL steps, the rise marked
+    output_dir/plots/rewards_by_stage.png
+                                  each reward that several RL stages logged, a line per stage
 
 `write_report(recipe, records)` is called by `r1kit run` at the end of a run (main process only)
 and prints the accuracy table; it reads only what the stages left in the run folder (markers,
@@ -208,7 +210,7 @@ def tool_table(recipe, out: Path) -> str | None:
     return "\n".join(lines) if len(lines) > 2 else None
 
 
-ACCURACY = ("math_accuracy", "code_tests", "multiple_choice")  # the verifiers whose mean is "accuracy"
+ACCURACY = ("math_accuracy", "code_tests", "multiple_choice", "reasoning_gym")  # the verifiers whose mean is "accuracy"
 WINDOW = 5  # logged steps averaged at the start, at the end, and around each step
 
 
@@ -321,6 +323,37 @@ def plot_rl(metrics_file: Path, out: Path) -> bool:
     return True
 
 
+def plot_rewards_by_stage(recipe, out: Path, path: Path) -> bool:
+    """One panel per reward that two or more RL stages logged (``rewards/NAME/mean``), a line per
+    stage over its steps: a learned reward beside the verifier's, in runs trained on either; False
+    when fewer than two stages share one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = {stage.name: rl_records(out, stage, "reward") for stage in recipe.stages}
+    runs = {name: records for name, records in runs.items() if records}
+    keys = sorted({k for records in runs.values() for k in records[0] if k.startswith("rewards/") and k.endswith("/mean")})
+    shared = [k for k in keys if sum(k in records[0] for records in runs.values()) >= 2]
+    if not shared:
+        return False
+    fig, axes = plt.subplots(1, len(shared), figsize=(5.5 * len(shared), 3.6), squeeze=False)
+    for ax, key in zip(axes[0], shared):
+        for name, records in runs.items():
+            if key in records[0]:
+                ax.plot([r["step"] for r in records], [r.get(key) for r in records], label=name)
+        ax.set_title(f"{key.split('/')[1]} (mean per step)")
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
 def write_report(recipe, records: dict[str, dict]) -> Path:
     out = Path(recipe.output_dir)
     rows = accuracy_rows(records)
@@ -350,6 +383,9 @@ def write_report(recipe, records: dict[str, dict]) -> Path:
     for stage in recipe.stages:
         if plots_rl(stage) and plot_rl(out / stage.name / "metrics.jsonl", out / "plots" / f"{stage.name}.png"):
             parts += [f"## RL curves: {stage.name}", "", f"![{stage.name}](plots/{stage.name}.png)", ""]
+    if plot_rewards_by_stage(recipe, out, out / "plots" / "rewards_by_stage.png"):
+        parts += ["## Rewards by RL stage", "", ("Each reward that several RL stages logged, per step, one line a stage (a reward of "
+                  "weight 0 is logged and not trained on)."), "", "![rewards by stage](plots/rewards_by_stage.png)", ""]
     report = out / "report.md"
     write_atomic(report, "\n".join(parts))
     return report

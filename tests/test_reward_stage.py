@@ -68,3 +68,28 @@ def test_validate_refuses_bad_reward_stage_settings_in_one_line(tmp_path, tiny_m
     err = capsys.readouterr().err
     assert says in err and err.count("\n") == 1, err
     assert not (tmp_path / "run").exists()
+
+
+def test_the_report_draws_each_reward_that_several_rl_stages_logged(tmp_path, monkeypatch):
+    """A learned reward and the verifier's, logged by two grpo stages (one trained on each): one
+    panel per shared reward, a line per stage; nothing when no reward is shared."""
+    from types import SimpleNamespace
+
+    import matplotlib.axes
+
+    from r1kit import report
+
+    drawn = []
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda ax, x, y, label=None, **kw: drawn.append((ax.get_title(), label, list(y))))
+    stages = [SimpleNamespace(name=n, kind=k) for n, k in [("rm", "reward"), ("rl_learned", "grpo"), ("rl_rule", "grpo"), ("ev", "eval")]]
+    logged = {"rl_learned": ("reward_model", "reasoning_gym"), "rl_rule": ("reasoning_gym", "reward_model")}
+    for name, (trained, watched) in logged.items():
+        (tmp_path / name).mkdir()
+        rows = [{"step": s, "reward": 0.1 * s, f"rewards/{trained}/mean": 0.1 * s, f"rewards/{watched}/mean": 0.5} for s in (1, 2, 3)]
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recipe = SimpleNamespace(stages=stages)
+    assert report.plot_rewards_by_stage(recipe, tmp_path, tmp_path / "plots" / "by.png") and (tmp_path / "plots" / "by.png").is_file()
+    assert sorted((label, y) for _, label, y in drawn) == sorted([("rl_learned", [0.1, 0.2, 0.30000000000000004]), ("rl_learned", [0.5] * 3),
+                                                                  ("rl_rule", [0.5] * 3), ("rl_rule", [0.1, 0.2, 0.30000000000000004])])
+    (tmp_path / "rl_rule" / "metrics.jsonl").unlink()
+    assert not report.plot_rewards_by_stage(recipe, tmp_path, tmp_path / "plots" / "none.png")
