@@ -270,8 +270,9 @@ def run(recipe: Recipe, restart_from: str | None = None, world: World | None = N
                 record = json.loads((out / stage.name / MARKER).read_text())
         records[stage.name] = record
         if record["model"]:
-            model = record["model"]
-            stage_models[stage.name] = model
+            stage_models[stage.name] = record["model"]
+            if stage_registry.get(stage.kind).hands_on:
+                model = record["model"]
         if record["dataset"]:
             datasets[stage.name] = record["dataset"]
     return records

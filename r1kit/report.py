@@ -313,12 +313,19 @@ def plot_rl(metrics_file: Path, out: Path) -> bool:
         axes[3].plot(steps, [r["tools/call_share"] for r in records])
         axes[3].set_ylim(0, 1.05)
         axes[3].set_title("share of rollouts calling a tool")
+    return _saved(fig, axes, out)
+
+
+def _saved(fig, axes, path: Path) -> bool:
+    """Label the step axes, save `fig` to `path` and close it: True."""
+    import matplotlib.pyplot as plt
+
     for ax in axes:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=90)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
     return True
 
@@ -344,14 +351,8 @@ def plot_rewards_by_stage(recipe, out: Path, path: Path) -> bool:
             if key in records[0]:
                 ax.plot([r["step"] for r in records], [r.get(key) for r in records], label=name)
         ax.set_title(f"{key.split('/')[1]} (mean per step)")
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return True
+    return _saved(fig, axes[0], path)
 
 
 def write_report(recipe, records: dict[str, dict]) -> Path:

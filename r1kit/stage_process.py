@@ -64,10 +64,10 @@ def call(kind_name: str, ctx: StageContext) -> StageResult:
     """Run the stage in this process. With a CUDA GPU, its metrics gain ``gpu_free_at_start_mib``
     (the device's free memory as the stage starts, whoever holds the rest) and ``gpu_peak_mib``
     (the most this process's tensors held at once)."""
-    from r1kit import stages
+    from r1kit import served_rewards, stages
     from r1kit.reward_registry import in_stage
 
-    with in_stage(ctx.dir):  # rewards that keep files (a judge's cache) keep them in the stage's folder
+    with in_stage(ctx.dir), served_rewards.started(ctx):  # files rewards keep (a judge's cache) in the stage's folder; servers they ask for
         if not hardware.has_gpu():
             return stages.get(kind_name).run(ctx)
         import torch

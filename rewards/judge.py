@@ -41,8 +41,11 @@ otherwise (r1kit.reward_registry.folder), and is read into memory once per proce
 stage or a rerun never asks twice. The raw reply is kept, so a changed parse rule reads the same
 replies again.
 
+``serve: {model: NAME, gpus: [6]}`` in place of ``url`` and ``model``: r1kit starts a vLLM
+server of that chat model for the stage, on those GPUs, and stops it after (r1kit.served_rewards).
+
 Not here: sequence-classifier reward models, in process or served (r1kit.rewards.reward_model),
-pairwise comparisons, or starting the judge's server.
+pairwise comparisons.
 """
 
 from __future__ import annotations
@@ -58,10 +61,10 @@ import threading
 from pathlib import Path
 from typing import Annotated, Literal
 
-from r1kit import reward_registry
+from r1kit import reward_registry, served_rewards
 from r1kit.errors import RewardError, suggest
 from r1kit.files import append_synced, complete_lines, drop_partial_line, shard_file, shard_files
-from r1kit.reward_registry import POSITIVE, REQUIRED
+from r1kit.reward_registry import POSITIVE
 from r1kit.sampling.base import Endpoint
 from r1kit.sampling.endpoint import Client, EndpointError, _threaded
 
@@ -147,9 +150,21 @@ def fields(template: str) -> list[str]:
 
 def check(params: dict) -> str | None:
     """The first problem of the judge's settings, in one line naming the parameter; None when none."""
-    if not params["model"]:
-        return "model: name the model the judge's server serves"
-    urls = params["url"] if isinstance(params["url"], list) else [params["url"]]
+    if params.get("serve") is not None:
+        if params["url"] is not None:
+            return "serve: r1kit starts the judge's server, so it takes no url; give one or the other"
+        if problem := served_rewards.problem(params["serve"], served_model=True):
+            return problem
+        if params["model"]:
+            return "model: r1kit names the model it serves; give the model to serve as serve.model"
+    elif not params["model"]:
+        return "model: name the model the judge's server serves (or serve: {model: ...} for r1kit to start one)"
+    if params.get("serve") is not None:
+        urls = ["http://127.0.0.1:1/v1"]  # the address of the server r1kit will start
+    elif params["url"] is None:
+        return "url: the judge's server, like http://127.0.0.1:8000/v1 (or serve: {model: ...} for r1kit to start one)"
+    else:
+        urls = params["url"] if isinstance(params["url"], list) else [params["url"]]
     if not urls or not all(isinstance(u, str) for u in urls):
         return f"url: a base URL or a list of them, like http://127.0.0.1:8000/v1; got {params['url']!r}"
     if problem := Endpoint(url=urls).problem():
@@ -266,8 +281,8 @@ def cache() -> Cache:
 def judge(
     completions: list[str],
     *,
-    url: Annotated[str | list | None, REQUIRED] = None,
-    model: Annotated[str, REQUIRED] = "",
+    url: str | list | None = None,
+    model: str = "",
     api_key_env: str = "",
     template: str = "reference",
     parse: Literal["auto", "verdict", "score"] = "auto",
@@ -279,6 +294,7 @@ def judge(
     temperature: float = 0.0,
     retries: int = 8,
     choices: tuple = (),
+    serve: dict | None = None,
     **columns,
 ) -> list[float | None]:
     """A chat model's grade of each completion: R1's reference check (1/0) or a 0-10 rubric (scaled to 0-1).
@@ -287,9 +303,12 @@ def judge(
     text of one's own with `parse` verdict or score; unparsed replies score None and are
     counted; replies are cached on disk (see the module docstring).
     """
-    settings = {"url": url, "model": model, "template": template, "parse": parse, "choices": choices, "temperature": temperature, "retries": retries}
+    settings = {"url": url, "model": model, "template": template, "parse": parse, "choices": choices, "temperature": temperature, "retries": retries,
+                "serve": serve}
     if problem := check(settings):
         raise RewardError(f"judge: {problem}")
+    if serve is not None:
+        raise RewardError("judge: serve starts a server for a grpo or rejection stage of a recipe; here give the url of a running one")
     wording, own = template_of(template)
     rule = RULES[own or parse]
     reads = needed(wording, question_column, answer_column)
@@ -334,4 +353,5 @@ def judge(
 
 judge.check = check
 judge.columns = read_columns
+judge.server = lambda params: (params["serve"]["model"], {}, "model")  # r1kit.served_rewards: what to serve, options, the name's parameter
 judge.bounds = (0.0, 1.0)

@@ -39,8 +39,11 @@ Parameters:
   server serves it under (default: ``model`` as written, vLLM's default); ``api_key_env``: the
   environment variable holding the key.
 
+``serve: {gpus: [7]}`` in place of ``url``: r1kit starts a vLLM server of ``model`` on its pooling
+runner for the stage, on those GPUs, and stops it after (r1kit.served_rewards).
+
 Not here: pairwise or generative judges (r1kit.rewards.judge), training a reward model (the
-``reward`` stage, r1kit.stages.reward), or starting its server.
+``reward`` stage, r1kit.stages.reward).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ import math
 import os
 from typing import Annotated, Literal
 
+from r1kit import served_rewards
 from r1kit.errors import RewardError
 from r1kit.hardware import has_gpu
 from r1kit.reward_registry import POSITIVE, REQUIRED
@@ -224,6 +228,12 @@ def check(params: dict) -> str | None:
         return f"text must be one of {TEXTS}, got {params['text']!r}"
     if params["normalize"] not in NORMALIZE:
         return f"normalize must be one of {NORMALIZE}, got {params['normalize']!r}"
+    if params.get("serve") is not None:
+        if params["url"] is not None:
+            return "serve: r1kit starts the reward model's server, so it takes no url; give one or the other"
+        if params["served_name"]:
+            return "served_name: r1kit names the model it serves; leave served_name out"
+        return served_rewards.problem(params["serve"], served_model=False)
     url = params["url"]
     if url is None:
         given = [k for k in ("served_name", "api_key_env") if params[k]]
@@ -249,6 +259,7 @@ def reward_model(
     served_name: str = "",
     api_key_env: str = "",
     concurrency: Annotated[int, POSITIVE] = 8,
+    serve: dict | None = None,
     **columns,
 ) -> list[float]:
     """Score of a sequence-classification reward model for the summary (or the full completion).
@@ -257,9 +268,12 @@ def reward_model(
     judges helpfulness) or "full"; `normalize` is "none" (raw) or "sigmoid"; with `url`, the
     model served by vLLM's pooling runner scores (see the module docstring).
     """
-    settings = {"model": model, "text": text, "normalize": normalize, "url": url, "served_name": served_name, "api_key_env": api_key_env}
+    settings = {"model": model, "text": text, "normalize": normalize, "url": url, "served_name": served_name, "api_key_env": api_key_env,
+                "serve": serve}
     if problem := check(settings):
         raise RewardError(f"reward_model: {problem}")
+    if serve is not None:
+        raise RewardError("reward_model: serve starts a server for a grpo or rejection stage of a recipe; here give the url of a running one")
     if not completions:
         return []
     texts = rendered(tokenizer_of(model), completions, text, columns.get(prompt_column) or [None] * len(completions))
@@ -274,4 +288,6 @@ def reward_model(
 
 
 reward_model.check = check
-reward_model.gpu = lambda params: params["url"] is None  # in process it computes on this process's GPU
+reward_model.gpu = lambda params: params["url"] is None and params.get("serve") is None  # in process: this process's GPU
+reward_model.server = lambda params: (params["model"], {"runner": "pooling"}, "served_name")  # r1kit.served_rewards
+reward_model.loads_model = True  # `model` may name an earlier reward stage (r1kit.served_rewards)

@@ -213,9 +213,12 @@ def main() -> None:
         parser.add_argument(flag, type=kind)
     parser.add_argument("--fault", action="append", default=[])
     parser.add_argument("--keep-child", action="store_true", help="on SIGTERM, exit and leave the child running")
+    parser.add_argument("--chat-reply", help="the content of every chat reply (a scripted judge)")
     args, _ = parser.parse_known_args()
     server = FakeServer([args.served_model_name or "fake"], args.api_key, args.delay or 0.0, args.log, args.host or "127.0.0.1", args.port or 0)
     server.faults = args.fault
+    if args.chat_reply is not None:
+        server.chat_reply = lambda body: args.chat_reply
     child = subprocess.Popen(["sleep", "1000"])
     signal.signal(signal.SIGTERM, lambda *_: (args.keep_child or child.kill(), os._exit(0)))
     print(f"fake_openai: argv {sys.argv[1:]}", flush=True)

@@ -266,6 +266,7 @@ class Page:
                        "rewards": [{"name": "format"}]},
         "rejection": {"name": "rejection", "kind": "rejection", "data": {"source": "task:addition"}, "rewards": [{"name": "math_accuracy"}]},
         "eval": {"name": "eval", "kind": "eval", "benchmarks": ["task:addition"]},
+        "reward": {"name": "rm", "kind": "reward", "data": {"source": "task:chain_sum", "task": {"pairs": True}}},
     }
 
     def run_yaml(self, block: Block, mode: str) -> None:

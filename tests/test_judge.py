@@ -256,7 +256,7 @@ def test_an_eval_stage_with_a_judge_reports_the_judged_column(server, tiny_model
     assert "| judged | agreement % |" in (tmp_path / "run" / "ev" / "results.md").read_text()
 
 
-@pytest.mark.parametrize("flag, says", [("{model: judge}", "--judge: reward 'judge' needs parameter 'url'"),
+@pytest.mark.parametrize("flag, says", [("{model: judge}", "--judge: reward 'judge': url: the judge's server"),
                                         ("{url: http://127.0.0.1:9/v1, model: judge, template: rubrik}", "--judge: reward 'judge': template: unknown"),
                                         ("[1, 2]", "--judge: a mapping of the judge reward's parameters")])
 def test_bad_judge_flags_are_one_line(tmp_path, capsys, flag, says):
@@ -275,3 +275,47 @@ def test_validate_refuses_a_bad_judge_in_an_eval_stage(tmp_path, capsys):
     assert main(["validate", str(path)]) == 2
     err = capsys.readouterr().err
     assert "ev.judge: a judged column has no weight or when" in err and err.count("\n") == 1, err
+
+
+def test_a_judge_server_that_r1kit_starts_for_a_rejection_stage(tiny_model, tmp_path, monkeypatch, wait_gone):
+    """serve: r1kit starts the judge's server for the stage (the fake server standing in for vLLM's,
+    scripted to say yes), the rewards read it as if the recipe named its url, and it is gone after."""
+    import functools
+    import sys
+    from pathlib import Path
+
+    from r1kit import pipeline
+    from r1kit.recipe import load_recipe
+    from r1kit.sampling import serve
+
+    fake = str(Path(__file__).parent / "fake_openai.py")
+    monkeypatch.setattr(serve, "Servers", functools.partial(serve.Servers, command=[sys.executable, fake]))
+    path = tmp_path / "r.yaml"
+    judge = {"name": "judge", "serve": {"model": str(tiny_model), "options": {"chat_reply": "Verdict: yes"}, "start_timeout": 60}}
+    stage = {"name": "rej", "kind": "rejection", "template": "plain", "data": {"source": "task:addition", "task": {"n": 3, "digits": 1}},
+             "rewards": [judge], "samples": 2, "backend": "transformers", "temperature": 1.0, "max_tokens": 8, "min_total": 1.0,
+             "filters": {"truncated": False, "mixed_language": False, "repetition": False}}
+    path.write_text(json.dumps({"model": str(tiny_model), "output_dir": str(tmp_path / "run"), "stages": [stage]}))
+    record = pipeline.run(load_recipe(path))["rej"]
+    kept = [json.loads(line) for line in open(record["dataset"])]
+    assert len(kept) == 6 and all(r["rewards"] == {"judge": 1.0} for r in kept)
+    log = (tmp_path / "run" / "rej" / "reward_server0" / "server0.log").read_text()
+    assert f"'--model', '{tiny_model}'" in log and "'--served-model-name', 'reward0'" in log
+    wait_gone([int(re.search(r"fake_openai: child (\d+)", log).group(1))], limit_s=30)
+    assert record["config"]["stage"]["rewards"][0]["serve"]["model"] == str(tiny_model)  # the recipe's entry, as written
+
+
+@pytest.mark.parametrize("entry, says", [
+    ({"serve": {"model": "m"}, "url": "http://127.0.0.1:8000/v1"}, "serve: r1kit starts the judge's server, so it takes no url"),
+    ({"serve": {"gpus": [0]}}, "serve.model: the folder or hub id of the model to serve"),
+    ({"serve": {"model": "m", "gpus": "6"}}, "serve.gpus: a list of GPU indices like [6, 7]"),
+    ({"serve": {"model": "m", "port": 8000}}, "serve.port: not a key of serve"),
+    ({"serve": {"model": "m"}, "model": "judge"}, "model: r1kit names the model it serves"),
+])
+def test_validate_refuses_bad_serve_settings_in_one_line(tmp_path, capsys, entry, says):
+    path = tmp_path / "r.yaml"
+    stage = {"name": "rej", "kind": "rejection", "data": {"source": "task:addition"}, "rewards": [{"name": "judge", **entry}]}
+    path.write_text(json.dumps({"model": "tiny", "output_dir": str(tmp_path / "run"), "stages": [stage]}))
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1, err

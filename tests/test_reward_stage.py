@@ -30,9 +30,9 @@ def test_a_reward_model_learns_the_pairs_and_scores_them_as_it_was_trained(tmp_p
     metrics = done["metrics"]
     assert metrics["pairs"] == 360 and metrics["held_out"] == 40
     assert metrics["pair_accuracy"] >= 0.9 > metrics["pair_accuracy_before"] and metrics["last_loss"] < metrics["first_loss"]
-    assert done["model"] is None  # a reward model is no policy: the eval after it samples the recipe's model
-    assert json.loads((tmp_path / "run" / "ev" / "DONE.json").read_text())["input_model"] == str(tiny_model)
-    model = metrics["reward_model"]
+    model = done["model"]
+    assert model == str(tmp_path / "run" / "rm" / "model")
+    assert json.loads((tmp_path / "run" / "ev" / "DONE.json").read_text())["input_model"] == str(tiny_model)  # not handed on
     fresh = chain_sum(n=50, split="test", pairs=True)  # pairs it never saw, scored by the reward a grpo stage would use
     reward = reward_registry.build("reward_model", {"model": model, "text": "full"})
     prompts = [r["prompt"] for r in fresh]

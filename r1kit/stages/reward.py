@@ -7,7 +7,7 @@
       trainer: {max_steps: 200, learning_rate: 1.0e-4}   # trl.RewardConfig fields, as they are
     - name: rl
       kind: grpo
-      rewards: [{name: reward_model, model: runs/demo/rm/model, prompt_column: question}]
+      rewards: [{name: reward_model, model: rm, prompt_column: question}]   # the rm stage's model
 
 The reward model is the stage's starting model with a one-output score head (a sequence
 classifier), trained with TRL's Bradley-Terry loss to score ``chosen`` above ``rejected``. Each
@@ -19,8 +19,9 @@ training; the stage's metrics give the share of them it ranks right (``pair_accu
 and after training.
 
 The model and its tokenizer are saved to ``<stage>/model``. The stage hands on no model: a reward
-model is no policy, so the next stage starts from the model this one started from; a later
-stage's ``reward_model`` names the folder. An interrupted stage resumes from its last checkpoint.
+model is no policy, so the next stage starts from the model this one started from. A later
+stage's reward names it by the stage's name (``{name: reward_model, model: rm}``, resolved when
+that stage starts: r1kit.served_rewards). An interrupted stage resumes from its last checkpoint.
 
 Not here: scoring (the `reward_model` reward), pairs made by a judge or by sampling (write them to
 a .jsonl file; ``task:chain_sum`` with ``pairs: true`` makes offline ones), LoRA.
@@ -130,12 +131,12 @@ def run(ctx: StageContext) -> StageResult:
     out = train_and_save(trainer, ctx)
     after = pair_accuracy(trainer.model, tokenizer, held_out)
     losses = [r["loss"] for r in read_metrics(metrics_path) if "loss" in r]
-    metrics = {"pairs": len(train), "held_out": len(held_out), "pair_accuracy_before": before, "pair_accuracy": after, "reward_model": out}
+    metrics = {"pairs": len(train), "held_out": len(held_out), "pair_accuracy_before": before, "pair_accuracy": after}
     if losses:
         metrics |= {"first_loss": losses[0], "last_loss": losses[-1]}
     log.info("%s: the reward model ranks %s of %d held-out pairs right (%s before training); saved to %s", ctx.stage.name,
              "-" if after is None else f"{after:.1%}", len(held_out), "-" if before is None else f"{before:.1%}", out)
-    return StageResult(metrics=metrics)  # no model handed on: the next stage's policy is this stage's starting one
+    return StageResult(model=out, metrics=metrics)  # named by later stages, not handed on (hands_on=False)
 
 
 DEFAULTS = {"logging_steps": 10}
@@ -143,5 +144,5 @@ DEFAULTS = {"logging_steps": 10}
 STAGE = StageKind(
     config=RewardStage, run=run, trainer_config=lambda stage: __import__("trl").RewardConfig, check=check,
     trainer_defaults=lambda stage: DEFAULTS, data=hooks.data_sections,
-    machine_problems=hooks.trainer_problems, bf16=hooks.trainer_bf16,
+    machine_problems=hooks.trainer_problems, bf16=hooks.trainer_bf16, hands_on=False,
 )
