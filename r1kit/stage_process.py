@@ -64,7 +64,8 @@ def call(kind_name: str, ctx: StageContext) -> StageResult:
     """Run the stage in this process. With a CUDA GPU, its metrics gain ``gpu_free_at_start_mib``
     (the device's free memory as the stage starts, whoever holds the rest) and ``gpu_peak_mib``
     (the most this process's tensors held at once)."""
-    from r1kit import served_rewards, stages
+    from r1kit import stages
+    from r1kit.stages import served_rewards
     from r1kit.reward_registry import in_stage
 
     with in_stage(ctx.dir), served_rewards.started(ctx):  # files rewards keep (a judge's cache) in the stage's folder; servers they ask for

@@ -42,7 +42,7 @@ stage or a rerun never asks twice. The raw reply is kept, so a changed parse rul
 replies again.
 
 ``serve: {model: NAME, gpus: [6]}`` in place of ``url`` and ``model``: r1kit starts a vLLM
-server of that chat model for the stage, on those GPUs, and stops it after (r1kit.served_rewards).
+server of that chat model for the stage, on those GPUs, and stops it after (r1kit.stages.served_rewards).
 
 Not here: sequence-classifier reward models, in process or served (r1kit.rewards.reward_model),
 pairwise comparisons.
@@ -61,11 +61,12 @@ import threading
 from pathlib import Path
 from typing import Annotated, Literal
 
-from r1kit import reward_registry, served_rewards
+from r1kit import reward_registry
 from r1kit.errors import RewardError, suggest
 from r1kit.files import append_synced, complete_lines, drop_partial_line, shard_file, shard_files
 from r1kit.reward_registry import POSITIVE
 from r1kit.sampling.base import Endpoint
+from r1kit.stages import served_rewards
 from r1kit.sampling.endpoint import Client, EndpointError, _threaded
 
 log = logging.getLogger("r1kit")
@@ -353,5 +354,5 @@ def judge(
 
 judge.check = check
 judge.columns = read_columns
-judge.server = lambda params: (params["serve"]["model"], {}, "model")  # r1kit.served_rewards: what to serve, options, the name's parameter
+judge.server = lambda params: (params["serve"]["model"], {}, "model")  # r1kit.stages.served_rewards: what to serve, options, the name's parameter
 judge.bounds = (0.0, 1.0)

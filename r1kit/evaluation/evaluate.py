@@ -66,9 +66,7 @@ limits and checker, and the summary adds ``rating``, the rating the model's solv
 (r1kit.evaluation.codeforces), and with ``--rating-table`` its ``percentile``. Several benchmarks and one
 table beside published figures: ``r1kit eval --suite r1`` (r1kit.evaluation.suite).
 
-A judge (``--judge``, ``judge:`` in an eval stage: an LLM-as-judge or a reward model) grades the
-samples beside the verifier into a judged column (r1kit.evaluation.judged).
-
+A judge (``--judge``) grades the samples beside the verifier (r1kit.evaluation.judged).
 Not here: proofs, interactive problems.
 """
 
@@ -194,20 +192,16 @@ def limits(settings: Protocol) -> Limits:
 
 
 def _finish(out: Path, bench: Benchmark, rows: list[dict], k: int, head: dict, sandbox: Limits, judge=None) -> dict:
-    """Judge the rows (when asked: r1kit.evaluation.judged), write samples.jsonl and summary.json; the summary."""
-    judged = grade(rows, bench.problems, judge, out) if judge else {}
+    judged = grade(rows, bench.problems, judge, out) if judge else {}  # a judged column (r1kit.evaluation.judged)
     write_atomic(out / SAMPLES, "".join(json.dumps(r) + "\n" for r in rows))
     summary = {"benchmark": bench.name, "source": bench.source, "domain": bench.domain, **head, "limit": bench.limit}
-    if bench.config.get("task_args"):
-        summary["task_args"] = bench.config["task_args"]  # what decided a task benchmark's problems
-    if "choice_seed" in bench.config:
-        summary["choice_seed"] = bench.config["choice_seed"]  # the order the choices were shown in
+    # What decided a task benchmark's problems, and the order multiple choices were shown in:
+    summary.update({k: v for k, v in bench.config.items() if (k == "task_args" and v) or k == "choice_seed"})
     if bench.rating_table is not None:
         summary["rating_table"] = bench.rating_table  # the distribution the percentile is read from
     if runs_code(bench):
         summary["sandbox"] = dataclasses.asdict(sandbox)
-    summary.update(summarize(bench, rows, k))
-    summary.update(judged)
+    summary.update(summarize(bench, rows, k) | judged)
     write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     return summary
 
@@ -284,9 +278,8 @@ def evaluate(
     `first_call`: an eval stage numbers the calls of all its benchmarks in one sequence) is
     `shard` modulo `shards`, into a journal of its own, and returns None; once every shard is
     done, one call with the default `shard` and `shards` samples any call left, writes
-    samples.jsonl in problem order (the rows of a single-process run) and summarizes. `judge`
-    (a reward, r1kit.evaluation.judged.load) grades the samples beside the verifier.
-    """
+    samples.jsonl in problem order (the rows of a single-process run) and summarizes; `judge`
+    (r1kit.evaluation.judged.load) grades the samples too."""
     check_settings(settings)
     if endpoint:
         from r1kit.sampling.endpoint import chat_problem

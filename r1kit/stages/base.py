@@ -51,7 +51,7 @@ class StageKind:
     """The stage logs RL figures per step (metrics.jsonl): the report plots them and tabulates tool calls."""
     hands_on: bool = True
     """The model the stage writes is the next stage's to start from; False (a reward model): later
-    stages only name it (by the stage's name, r1kit.served_rewards)."""
+    stages only name it (by the stage's name, r1kit.stages.served_rewards)."""
 
 
 def alone() -> None:

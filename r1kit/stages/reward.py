@@ -12,7 +12,7 @@
 The reward model is the stage's starting model with a one-output score head (a sequence
 classifier), trained with TRL's Bradley-Terry loss to score ``chosen`` above ``rejected``. Each
 response is rendered and tokenized exactly as the `reward_model` reward will read it
-(rewards/reward_model.py: ``[user: prompt, assistant: response]`` through the chat template, the
+(r1kit.reward_text: ``[user: prompt, assistant: response]`` through the chat template, the
 text after ``</think>`` unless ``text: full``, the end kept past ``max_length``), so it trains on
 the very tokens it later scores. ``held_out`` of the pairs (10% unless set) are kept out of
 training; the stage's metrics give the share of them it ranks right (``pair_accuracy``), before
@@ -21,7 +21,7 @@ and after training.
 The model and its tokenizer are saved to ``<stage>/model``. The stage hands on no model: a reward
 model is no policy, so the next stage starts from the model this one started from. A later
 stage's reward names it by the stage's name (``{name: reward_model, model: rm}``, resolved when
-that stage starts: r1kit.served_rewards). An interrupted stage resumes from its last checkpoint.
+that stage starts: r1kit.stages.served_rewards). An interrupted stage resumes from its last checkpoint.
 
 Not here: scoring (the `reward_model` reward), pairs made by a judge or by sampling (write them to
 a .jsonl file; ``task:chain_sum`` with ``pairs: true`` makes offline ones), LoRA.
@@ -74,7 +74,7 @@ def check(stage: RewardStage) -> None:
 def pairs(ctx: StageContext, tokenizer) -> tuple[list[dict], list[dict]]:
     """(training, held-out) pairs as token ids (``chosen_ids``, ``rejected_ids``), rendered as the
     `reward_model` reward renders what it scores; the held-out ones drawn with the recipe's seed."""
-    from r1kit.rewards.reward_model import encode, rendered
+    from r1kit.reward_text import encode, rendered
 
     stage = ctx.stage
     rows = data_lib.load_rows(stage.data, ctx)
@@ -114,7 +114,7 @@ def run(ctx: StageContext) -> StageResult:
     import datasets
     from trl import RewardConfig, RewardTrainer
 
-    from r1kit.rewards.reward_model import tokenizer_of
+    from r1kit.reward_text import tokenizer_of
 
     tokenizer = tokenizer_of(ctx.model)
     train, held_out = pairs(ctx, tokenizer)
