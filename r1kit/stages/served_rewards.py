@@ -84,24 +84,15 @@ def started(ctx):
     from r1kit.sampling.serve import Servers
 
     stage = ctx.stage
-    specs = getattr(stage, "rewards", None) or []
-    named = with_stage_models(specs, getattr(ctx, "models", {}) or {})
-    if not any(isinstance(s, dict) and s.get("serve") is not None for s in specs):
-        if named != specs:
-            ctx.stage = dataclasses.replace(stage, rewards=named)
-        try:
-            yield
-        finally:
-            ctx.stage = stage
-        return
-    specs = named
-    if ctx.world > 1:
+    given = getattr(stage, "rewards", None) or []
+    specs = with_stage_models(given, getattr(ctx, "models", {}) or {})
+    if ctx.world > 1 and any(isinstance(s, dict) and s.get("serve") is not None for s in specs):
         raise RecipeError(f"{stage.name}.rewards: serve starts reward servers in a run of one process; in a distributed run start "
                           "the server yourself and give the reward's url")
     servers, entries = [], []
     try:
         for i, spec in enumerate(specs):
-            if spec.get("serve") is None:
+            if not isinstance(spec, dict) or spec.get("serve") is None:
                 entries.append(spec)
                 continue
             serve, params = spec["serve"], {k: v for k, v in spec.items() if k not in ("name", "weight", "when", "serve")}
@@ -111,7 +102,8 @@ def started(ctx):
             servers.append(started_here)
             started_here.start()
             entries.append({k: v for k, v in spec.items() if k != "serve"} | {"url": started_here.urls, name_key: started_here.name})
-        ctx.stage = dataclasses.replace(stage, rewards=entries)
+        if entries != given:
+            ctx.stage = dataclasses.replace(stage, rewards=entries)
         yield
     finally:
         ctx.stage = stage
