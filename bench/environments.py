@@ -18,7 +18,8 @@ The end-of-sequence token is left out of both (every turn then has its full leng
 sides generate the same number of tokens), and the world answers a turn that reached its token
 budget as it answers one that ended at its end-of-turn token. Prints each side's seconds and
 tokens per second (best of --repeats, the two sides taking turns) and the ratio multi-turn / one turn (the target: at
-most 1.3).
+most 1.3); then how many tokens the environment's replies added (prefilled, not generated: the
+one-turn side has none) and the ratio of time per token processed, replies included.
 
 Not measured: served backends (their turns are requests: concurrency, not this loop, decides
 them), environment calls that take time (the bench's environment answers at once; calls of one
@@ -112,12 +113,17 @@ def main() -> None:
                 seconds = time.perf_counter() - t0
                 tokens = sum(sum(t.mask) for t in out) if name == "multi-turn" else sum(map(len, out))
                 results[name] = min(results.get(name, (seconds, tokens)), (seconds, tokens))
+                if name == "multi-turn":
+                    written = sum(len(t.mask) - sum(t.mask) for t in out)  # the environment's replies, prefilled
     print(f"machine: {describe_cpu()}, {torch.get_num_threads()} threads; model {model_dir}")
     print(f"{args.rollouts} rollouts, {args.turns} turns of {args.turn_tokens} tokens (multi-turn) or {args.turns * args.turn_tokens} tokens in one turn")
     for name, (seconds, tokens) in results.items():
         print(f"{name:>10}: {seconds:7.3f} s, {tokens} tokens, {tokens / seconds:8.0f} tokens/s")
     ratio = results["multi-turn"][0] / results["one turn"][0]
     print(f"ratio multi-turn / one turn: {ratio:.2f} (target: at most 1.3)")
+    (seconds, tokens), (alone, _) = results["multi-turn"], results["one turn"]
+    print(f"the environment's replies: {written} tokens prefilled beside the {tokens} generated; time per token the model "
+          f"processed, multi-turn / one turn: {seconds / (tokens + written) / (alone / tokens):.2f}")
 
 
 if __name__ == "__main__":

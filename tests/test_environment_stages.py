@@ -1,7 +1,7 @@
 """Stages over environments on the tiny model: a rejection stage keeps whole conversations scored
 by the environment and, killed with SIGKILL, resumes without playing a finished episode again;
 a grpo stage trains on TRL's environment_factory with the environment's tokens masked out of the
-loss."""
+loss; an sft stage on conversations with an environment trains the model's turns only."""
 
 from __future__ import annotations
 
@@ -150,3 +150,39 @@ def test_a_packaged_gym_style_environment_trains_and_evaluates(write_recipe, tin
     assert "rewards/env_skyrl_gym/mean" in logged[0] and "env/turns_per_rollout" in logged[0]
     summary = json.loads((tmp_path / "run" / "eval" / "gsm" / "summary.json").read_text())
     assert summary["domain"] == "environment" and summary["problems"] == 4 and 0.0 <= summary["pass@1"] <= 1.0
+
+
+def test_sft_on_conversations_with_an_environment_trains_the_models_turns_by_default(write_recipe, tiny_model, tmp_path):
+    """An sft stage whose rows are whole games (an environment's turns inside, as a rejection stage
+    over an environment keeps them) turns TRL's assistant-only loss on; on a model whose chat
+    template cannot mark the model's turns it refuses in one line before training, and as the
+    recipe is read where the recipe asks for it."""
+    import shutil
+
+    import pytest
+    from transformers import AutoTokenizer
+
+    from r1kit.errors import RecipeError
+    from r1kit.offline.tasks import guess
+    from r1kit.offline.tiny import CHAT_TEMPLATE
+
+    turns = guess(60, demos=True, informed=0.5)  # whole games: each game's closing turn after the conversation so far
+    games = [{"messages": t["prompt"] + t["completion"], "tools": t["tools"]} for t in turns if not t["completion"][0].get("tool_calls")][:8]
+    (tmp_path / "games.jsonl").write_text("".join(json.dumps(g) + "\n" for g in games))
+    sft = {"name": "sft", "kind": "sft", "data": {"source": str(tmp_path / "games.jsonl")}, "trainer": {"max_steps": 1, "per_device_train_batch_size": 4}}
+    record = pipeline.run(load_recipe(write_recipe({"model": str(tiny_model), "output_dir": str(tmp_path / "run"), "stages": [sft]})))
+    assert json.loads((tmp_path / "run" / "sft" / "trainer_config.json").read_text())["assistant_only_loss"] is True
+    assert record["sft"]["metrics"]["rows"] == 8
+
+    unmarked = tmp_path / "unmarked"
+    shutil.copytree(tiny_model, unmarked)
+    tok = AutoTokenizer.from_pretrained(unmarked)
+    tok.chat_template = CHAT_TEMPLATE.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+    tok.save_pretrained(unmarked)
+    recipe = load_recipe(write_recipe({"model": str(unmarked), "output_dir": str(tmp_path / "unmarked_run"), "stages": [sft]}, "unmarked.yaml"))
+    with pytest.raises(RecipeError, match=r"^sft\.trainer\.assistant_only_loss \(on by default: the conversations hold an environment's turns\): .*generation %\} markers") as refused:
+        pipeline.run(recipe)
+    assert "\n" not in str(refused.value) and not (tmp_path / "unmarked_run" / "sft" / "trainer_config.json").exists()
+    asked = {**sft, "trainer": {**sft["trainer"], "assistant_only_loss": True}}
+    with pytest.raises(RecipeError, match=r"asked\.yaml: sft\.trainer\.assistant_only_loss: .*unmarked.*set trainer\.assistant_only_loss: false"):
+        load_recipe(write_recipe({"model": str(unmarked), "stages": [asked]}, "asked.yaml"))

@@ -346,6 +346,39 @@ def test_guess_games_and_their_cold_start_turns():
     assert played - won <= 1  # the last game may be cut short by the 400 rows
 
 
+def won_games(turns: list[dict]) -> list[dict]:
+    """Whole games as conversations (``messages``, ``tools``) from the cold-start turns of
+    `task:guess`: each game's closing turn, after its conversation so far."""
+    return [{"messages": t["prompt"] + t["completion"], "tools": t["tools"]} for t in turns if not t["completion"][0].get("tool_calls")]
+
+
+def test_sft_on_a_games_conversations_trains_the_models_turns_only(tiny_model, tmp_path):
+    """The tiny model's chat template marks the model's turns, so TRL's assistant-only loss (on
+    by default in an sft stage whose conversations hold an environment's turns) leaves the
+    question and the game's replies out of the labels the trainer uses, and keeps each call and
+    its end-of-turn token."""
+    import datasets
+    from transformers import AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    from r1kit.offline.tasks import guess as games
+    from r1kit.stages.sft import environment_turns, marks_problem
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    rows = won_games(games(40, demos=True, informed=1.0))[:4]
+    assert all(environment_turns(r["messages"]) for r in rows) and marks_problem(tok) is None
+    assert not environment_turns([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
+    assert environment_turns([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}, {"role": "user", "content": "again"}])
+    args = SFTConfig(output_dir=str(tmp_path), use_cpu=True, assistant_only_loss=True, max_steps=1, report_to="none")
+    trainer = SFTTrainer(model=str(tiny_model), args=args, train_dataset=datasets.Dataset.from_list(rows), processing_class=tok)
+    for row, tokenized in zip(rows, trainer.train_dataset):
+        trained = tok.decode([i for i, label in zip(tokenized["input_ids"], tokenized["labels"]) if label != -100])
+        calls = sum(1 for m in row["messages"] if m.get("tool_calls"))
+        assert trained.count("<tool_call>") == calls and trained.count("<|im_end|>") == calls + 1 and trained.endswith("<|im_end|>")
+        assert "Found it" in trained and "higher" not in trained and "lower" not in trained and "correct" not in trained
+        assert "Find the secret" not in trained and "Tools:" not in trained
+
+
 def test_the_silent_guess_game_answers_at_random_whatever_the_secret():
     """feedback: false, the demo's control: the same words, no information about the secret."""
     from r1kit.environments.guess import Guess

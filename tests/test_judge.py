@@ -14,7 +14,7 @@ import pytest
 from fake_openai import FakeServer
 from r1kit import reward_registry
 from r1kit.cli import main
-from r1kit.errors import RewardError
+from r1kit.errors import RecipeError, RewardError
 from r1kit.rewards import judge as judge_module
 
 QUESTIONS = ["What is 2+2?", "What is 2+3?", "What is 3+3?", "What is 1+1?"]
@@ -303,6 +303,60 @@ def test_a_judge_server_that_r1kit_starts_for_a_rejection_stage(tiny_model, tmp_
     assert f"'--model', '{tiny_model}'" in log and "'--served-model-name', 'reward0'" in log
     wait_gone([int(re.search(r"fake_openai: child (\d+)", log).group(1))], limit_s=30)
     assert record["config"]["stage"]["rewards"][0]["serve"]["model"] == str(tiny_model)  # the recipe's entry, as written
+
+
+def test_an_eval_stages_judge_names_a_reward_stages_model_by_the_stages_name(tmp_path):
+    """judge: {name: reward_model, model: rm} reads the folder the stage named rm wrote, for the
+    stage only; a judge left unnamed stays the `judge` reward."""
+    from dataclasses import dataclass
+    from types import SimpleNamespace
+
+    from r1kit.stages.served_rewards import started
+
+    @dataclass
+    class Stage:
+        name: str
+        judge: dict | None
+
+    for judge, inside in [({"name": "reward_model", "model": "rm"}, {"name": "reward_model", "model": str(tmp_path / "rm" / "model")}),
+                          ({"url": "http://127.0.0.1:9/v1", "model": "judge"}, {"url": "http://127.0.0.1:9/v1", "model": "judge"})]:
+        ctx = SimpleNamespace(stage=Stage("ev", judge), world=1, dir=tmp_path, models={"rm": str(tmp_path / "rm" / "model")})
+        with started(ctx):
+            assert {k: v for k, v in ctx.stage.judge.items() if k != "name"} == {k: v for k, v in inside.items() if k != "name"}
+            assert ctx.stage.judge.get("name", "judge") == inside.get("name", "judge")
+        assert ctx.stage.judge == judge
+    ctx = SimpleNamespace(stage=Stage("ev", {"serve": {"model": "m"}}), world=2, dir=tmp_path, models={})
+    with pytest.raises(RecipeError, match=r"^ev\.judge: serve starts reward servers in a run of one process"):
+        with started(ctx):
+            pass
+
+
+def test_a_judge_server_that_r1kit_starts_for_an_eval_stages_judged_column(tiny_model, tmp_path, monkeypatch, wait_gone):
+    """An eval stage's `judge:` with serve: r1kit starts the server for the stage (the fake server
+    standing in, scripted to say yes), the judged column reads it, and it is gone after."""
+    import functools
+    import sys
+    from pathlib import Path
+
+    from r1kit import pipeline
+    from r1kit.recipe import load_recipe
+    from r1kit.sampling import serve
+
+    fake = str(Path(__file__).parent / "fake_openai.py")
+    monkeypatch.setattr(serve, "Servers", functools.partial(serve.Servers, command=[sys.executable, fake]))
+    path = tmp_path / "r.yaml"
+    stage = {"name": "ev", "kind": "eval", "benchmarks": ["task:addition"], "task": {"addition": {"n": 3}}, "samples": 2,
+             "backend": "transformers", "template": "plain", "max_tokens": 8,
+             "judge": {"serve": {"model": str(tiny_model), "options": {"chat_reply": "Verdict: yes"}, "start_timeout": 60}}}
+    path.write_text(json.dumps({"model": str(tiny_model), "output_dir": str(tmp_path / "run"), "stages": [stage]}))
+    pipeline.run(load_recipe(path))
+    summary = json.loads((tmp_path / "run" / "ev" / "addition" / "summary.json").read_text())
+    assert summary["judged"] == 1.0 and summary["judge_unscored"] == 0
+    rows = [json.loads(line) for line in (tmp_path / "run" / "ev" / "addition" / "samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 and all(r["judged"] == 1.0 for r in rows)
+    log = (tmp_path / "run" / "ev" / "reward_server0" / "server0.log").read_text()
+    assert f"'--model', '{tiny_model}'" in log and "'--served-model-name', 'reward0'" in log
+    wait_gone([int(re.search(r"fake_openai: child (\d+)", log).group(1))], limit_s=30)
 
 
 @pytest.mark.parametrize("entry, says", [

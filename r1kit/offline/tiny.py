@@ -33,14 +33,17 @@ SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Without tools the template renders what it always did; with tools it lists them one line each
 # (name, typed parameters, description: a few dozen tokens), an assistant's calls as
 # <tool_call>{"name": ..., "arguments": {...}}</tool_call> (Qwen's form) and the environment's
-# replies in turns of role ``tool``.
+# replies in turns of role ``tool``. The model's turns sit in {% generation %} blocks (nothing
+# rendered), so that TRL's assistant-only loss can train on them alone.
 CHAT_TEMPLATE = (
     "{% if tools %}<|im_start|>system\nTools:{% for t in tools %}{% set f = t.function or t %}{{ '\\n' }}{{ f.name }}("
     "{% for k, v in f.parameters.properties.items() %}{{ k }}: {{ v.type }}{{ ', ' if not loop.last }}{% endfor %})"
     ": {{ f.description }}{% endfor %}<|im_end|>\n{% endif %}"
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] or '' }}"
-    "{% for call in message.tool_calls or [] %}<tool_call>{\"name\": \"{{ call.function.name }}\", "
-    "\"arguments\": {{ call.function.arguments | tojson }}}</tool_call>{% endfor %}<|im_end|>\n"
+    "{% macro turn(message) %}{{ message['content'] or '' }}{% for call in message.tool_calls or [] %}"
+    "<tool_call>{\"name\": \"{{ call.function.name }}\", \"arguments\": {{ call.function.arguments | tojson }}}"
+    "</tool_call>{% endfor %}<|im_end|>{% endmacro %}"
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{% if message['role'] == 'assistant' %}"
+    "{% generation %}{{ turn(message) }}{% endgeneration %}{% else %}{{ turn(message) }}{% endif %}{{ '\\n' }}"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 # How transformers' parse_response reads an assistant turn of CHAT_TEMPLATE back into a message

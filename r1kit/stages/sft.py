@@ -12,6 +12,12 @@ chat template shows). Column names come from the ``data:`` section.
 The trained model is saved to ``<stage>/model`` and handed to the next stage; checkpoints go to
 ``<stage>/checkpoints`` and an interrupted stage resumes from the last one.
 
+Conversations that hold an environment's turns (a ``tool`` turn, or a reply after the model's
+first turn: the rows a rejection stage over an environment keeps, or a game's demonstrations)
+train on the model's turns only: TRL's ``assistant_only_loss`` is on by default there (the chat
+template marks the model's turns with ``{% generation %}``; TRL adds the marks to the templates
+it knows; the stage refuses a template with neither).
+
 Rows whose completions hold tool calls (r1kit.execution.tools: a code block, then the ``output`` block a
 tool wrote) train on what the model writes only: the output blocks' tokens are left out of the
 loss (`mask_tool_outputs`), as in a grpo stage with tools, so the model learns to call the tool
@@ -32,6 +38,7 @@ from typing import Any, Literal
 from r1kit import data as data_lib
 from r1kit.trainers import lora
 from r1kit.config import DataConfig, StageConfig
+from r1kit.errors import RecipeError
 from r1kit.stages import hooks
 from r1kit.stages.base import StageContext, StageKind, StageResult
 from r1kit.trainers.training import checkpoint_step, last_checkpoint, make_metrics_log, read_metrics, trainer_args, train_and_save
@@ -74,8 +81,14 @@ def run(ctx: StageContext) -> StageResult:
     from trl import SFTConfig, SFTTrainer
 
     rows = _training_rows(ctx)
-    args = trainer_args(SFTConfig, ctx, **trainer_defaults(ctx.stage))
+    answered = "messages" in rows.column_names and any(map(environment_turns, rows.select(range(min(len(rows), 256)))["messages"]))
     tokenizer = AutoTokenizer.from_pretrained(ctx.model)
+    if ctx.stage.trainer.get("assistant_only_loss", answered) and (problem := marks_problem(tokenizer)):
+        why = "" if "assistant_only_loss" in ctx.stage.trainer else " (on by default: the conversations hold an environment's turns)"
+        raise RecipeError(f"{ctx.stage.name}.trainer.assistant_only_loss{why}: {ctx.model}: {problem}")
+    if answered and "assistant_only_loss" not in ctx.stage.trainer:
+        log.info("%s: the conversations hold an environment's turns: training on the model's turns only", ctx.stage.name)
+    args = trainer_args(SFTConfig, ctx, **trainer_defaults(ctx.stage), **({"assistant_only_loss": True} if answered else {}))
     checkpoint = last_checkpoint(ctx)
     metrics_path = ctx.dir / "metrics.jsonl"
     callback = make_metrics_log(metrics_path, checkpoint_step(checkpoint) if checkpoint else None, ctx.is_main)
@@ -96,6 +109,41 @@ def run(ctx: StageContext) -> StageResult:
     if losses:
         metrics |= {"first_loss": losses[0], "last_loss": losses[-1]}
     return StageResult(model=out, metrics=metrics)
+
+
+def environment_turns(messages: list[dict]) -> bool:
+    """Whether a conversation holds turns an environment wrote: a ``tool`` turn, or any turn
+    after the model's first that is not the model's (a gym-style environment's reply)."""
+    roles = [m["role"] for m in messages]
+    first = roles.index("assistant") if "assistant" in roles else len(roles)
+    return "tool" in roles or any(r != "assistant" for r in roles[first:])
+
+
+def marks_problem(tokenizer) -> str | None:
+    """Why the chat template cannot mark the model's turns for TRL's assistant-only loss (no
+    ``{% generation %}`` markers, and not a template TRL knows how to add them to), or None."""
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+    template = tokenizer.chat_template
+    template = template.get("default") if isinstance(template, dict) else template
+    if template:
+        if has_generation_markers(template):
+            return None
+        try:
+            get_training_chat_template(tokenizer)  # a template TRL knows: it adds the markers itself
+            return None
+        except ValueError:
+            pass
+    return ("training on the model's turns only needs a chat template with {% generation %} markers, and this one "
+            "has none that TRL can add; add them, or set trainer.assistant_only_loss: false to train on every turn")
+
+
+def local_check(stage: SFTStage, tokenizers: dict) -> None:
+    """``trainer.assistant_only_loss: true`` on a model whose tokenizer is known before the run."""
+    if stage.trainer.get("assistant_only_loss") and "model" in tokenizers:
+        name, load = tokenizers["model"]
+        if problem := marks_problem(load()):
+            raise RecipeError(f"{stage.name}.trainer.assistant_only_loss: {name}: {problem}")
 
 
 def mask_tool_outputs(dataset, tokenizer):
@@ -131,5 +179,5 @@ def trainer_defaults(stage: SFTStage) -> dict:
 STAGE = StageKind(
     config=SFTStage, run=run, trainer_config=lambda stage: __import__("trl").SFTConfig, check=lora.check, trainer_defaults=trainer_defaults,
     data=hooks.data_sections, machine_problems=lambda stage, machine: hooks.trainer_problems(stage, machine) + lora.machine_problems(stage, machine),
-    bf16=hooks.trainer_bf16,
+    bf16=hooks.trainer_bf16, local_check=local_check,
 )
