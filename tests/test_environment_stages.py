@@ -43,17 +43,21 @@ def prompts(folder: Path, n: int) -> None:
     (folder / "prompts.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"Hello {i}."}) + "\n" for i in range(n)))
 
 
-def test_rejection_keeps_conversations_scored_by_the_environment(write_recipe, tiny_model, tmp_path, monkeypatch):
+def test_rejection_keeps_conversations_scored_by_the_environment_and_sft_trains_on_them(write_recipe, tiny_model, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     prompts(tmp_path, 3)
-    record = pipeline.run(load_recipe(write_recipe({"model": str(tiny_model), "stages": [rejection(tmp_path / "played")]})))["rej"]
+    sft = {"name": "sft", "kind": "sft", "data": {"source": "rej"}, "trainer": {"max_steps": 1, "per_device_train_batch_size": 2}}
+    run = pipeline.run(load_recipe(write_recipe({"model": str(tiny_model), "output_dir": str(tmp_path / "run"), "stages": [rejection(tmp_path / "played"), sft]})))
+    record = run["rej"]
     rows = [json.loads(line) for line in Path(record["dataset"]).read_text().splitlines()]
     assert len(rows) == 6 and all(r["reward_total"] == 1.0 and r["rewards"] == {"env_Tally": 0.5} for r in rows)
     first = rows[0]
     assert first["messages"][0] == {"role": "user", "content": "Hello 0. Say something."}  # reset's text joins the prompt
     assert first["messages"][1]["role"] == "assistant" and first["episode"]["environment"] == "Tally"
     assert first["tools"] is None and (tmp_path / "played").read_text().split() == ["p0", "p0", "p1", "p1", "p2", "p2"]
+    config = json.loads((tmp_path / "run" / "sft" / "trainer_config.json").read_text())  # SFT on the kept episodes: the model's turns only
+    assert config["assistant_only_loss"] is True and run["sft"]["metrics"]["rows"] == 6
 
 
 def test_rejection_over_an_environment_resumes_after_sigkill_without_replaying(write_recipe, tiny_model, tmp_path, hold, wait_gone):

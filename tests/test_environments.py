@@ -354,7 +354,7 @@ def won_games(turns: list[dict]) -> list[dict]:
 
 def test_sft_on_a_games_conversations_trains_the_models_turns_only(tiny_model, tmp_path):
     """The tiny model's chat template marks the model's turns, so TRL's assistant-only loss (on
-    by default in an sft stage whose conversations hold an environment's turns) leaves the
+    by default in an sft stage whose conversations hold an environment's turns, not in others) leaves the
     question and the game's replies out of the labels the trainer uses, and keeps each call and
     its end-of-turn token."""
     import datasets
@@ -362,13 +362,14 @@ def test_sft_on_a_games_conversations_trains_the_models_turns_only(tiny_model, t
     from trl import SFTConfig, SFTTrainer
 
     from r1kit.offline.tasks import guess as games
-    from r1kit.stages.sft import environment_turns, marks_problem
+    from r1kit.stages.sft import from_an_environment, marks_problem
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     rows = won_games(games(40, demos=True, informed=1.0))[:4]
-    assert all(environment_turns(r["messages"]) for r in rows) and marks_problem(tok) is None
-    assert not environment_turns([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
-    assert environment_turns([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}, {"role": "user", "content": "again"}])
+    assert from_an_environment(datasets.Dataset.from_list(rows), "messages") and marks_problem(tok) is None
+    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}, {"role": "user", "content": "again"}, {"role": "assistant", "content": "b"}]
+    assert not from_an_environment(datasets.Dataset.from_list([{"messages": chat}]), "messages")  # a chat of several turns is not
+    assert from_an_environment(datasets.Dataset.from_list([{"messages": chat, "episode": {"turns": 2}}]), "messages")  # kept from episodes
     args = SFTConfig(output_dir=str(tmp_path), use_cpu=True, assistant_only_loss=True, max_steps=1, report_to="none")
     trainer = SFTTrainer(model=str(tiny_model), args=args, train_dataset=datasets.Dataset.from_list(rows), processing_class=tok)
     for row, tokenized in zip(rows, trainer.train_dataset):

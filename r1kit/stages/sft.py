@@ -12,11 +12,11 @@ chat template shows). Column names come from the ``data:`` section.
 The trained model is saved to ``<stage>/model`` and handed to the next stage; checkpoints go to
 ``<stage>/checkpoints`` and an interrupted stage resumes from the last one.
 
-Conversations that hold an environment's turns (a ``tool`` turn, or a reply after the model's
-first turn: the rows a rejection stage over an environment keeps, or a game's demonstrations)
-train on the model's turns only: TRL's ``assistant_only_loss`` is on by default there (the chat
-template marks the model's turns with ``{% generation %}``; TRL adds the marks to the templates
-it knows; the stage refuses a template with neither).
+Conversations that hold an environment's turns (``tool`` turns, or the rows a rejection stage
+kept from an environment's episodes: `from_an_environment`) train on the model's turns only:
+TRL's ``assistant_only_loss`` is on by default there (the chat template marks the model's turns
+with ``{% generation %}``; TRL adds the marks to the templates it knows; the stage refuses a
+template with neither). Other conversations train on every turn unless the recipe says otherwise.
 
 Rows whose completions hold tool calls (r1kit.execution.tools: a code block, then the ``output`` block a
 tool wrote) train on what the model writes only: the output blocks' tokens are left out of the
@@ -57,6 +57,8 @@ class SFTStage(StageConfig, lora.LoraFields):
 
 
 def _training_rows(ctx: StageContext):
+    """The stage's rows, renamed to what TRL reads, and whether they are conversations with an
+    environment (`from_an_environment`)."""
     cfg = ctx.stage.data
     ds = data_lib.load_rows(cfg, ctx)
     source = ctx.resolve_data_source(cfg.source)
@@ -72,16 +74,16 @@ def _training_rows(ctx: StageContext):
         keep = {cfg.prompt: "prompt", cfg.completion: "completion"}
     if "tools" in ds.column_names:  # the tools a conversation's chat template shows (an environment's, as JSON)
         keep["tools"] = "tools"
+    played = fmt == "messages" and from_an_environment(ds, cfg.messages)
     ds = ds.select_columns(list(keep))
-    return ds.rename_columns({k: v for k, v in keep.items() if k != v})
+    return ds.rename_columns({k: v for k, v in keep.items() if k != v}), played
 
 
 def run(ctx: StageContext) -> StageResult:
     from transformers import AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    rows = _training_rows(ctx)
-    answered = "messages" in rows.column_names and any(map(environment_turns, rows.select(range(min(len(rows), 256)))["messages"]))
+    rows, answered = _training_rows(ctx)
     tokenizer = AutoTokenizer.from_pretrained(ctx.model)
     if ctx.stage.trainer.get("assistant_only_loss", answered) and (problem := marks_problem(tokenizer)):
         why = "" if "assistant_only_loss" in ctx.stage.trainer else " (on by default: the conversations hold an environment's turns)"
@@ -111,12 +113,13 @@ def run(ctx: StageContext) -> StageResult:
     return StageResult(model=out, metrics=metrics)
 
 
-def environment_turns(messages: list[dict]) -> bool:
-    """Whether a conversation holds turns an environment wrote: a ``tool`` turn, or any turn
-    after the model's first that is not the model's (a gym-style environment's reply)."""
-    roles = [m["role"] for m in messages]
-    first = roles.index("assistant") if "assistant" in roles else len(roles)
-    return "tool" in roles or any(r != "assistant" for r in roles[first:])
+def from_an_environment(ds, column: str) -> bool:
+    """Whether the conversations in `column` hold an environment's turns: rows a rejection stage
+    kept from episodes (an ``episode`` column; a gym-style environment replies in user turns), or
+    conversations with ``tool`` turns (the first 256 rows looked at). Other multi-turn chats are not."""
+    if "episode" in ds.column_names:
+        return True
+    return any(m["role"] == "tool" for conversation in ds.select(range(min(len(ds), 256)))[column] for m in conversation)
 
 
 def marks_problem(tokenizer) -> str | None:
