@@ -215,7 +215,10 @@ def _judge(text: str | None):
     if text is None:
         return None
     try:
-        return judged.load(parse_yaml(text))
+        spec = parse_yaml(text)
+        if isinstance(spec, dict) and spec.get("serve") is not None:
+            raise RewardError("serve: r1kit starts a judge's server for an eval stage of a recipe; here give the url of a running one")
+        return judged.load(spec)
     except RewardError as exc:
         raise EvalError(f"--judge: {exc}") from None
     except Exception as exc:  # YAML that does not parse

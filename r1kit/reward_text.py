@@ -1,9 +1,10 @@
 """What a reward model reads: a response rendered with its question through the reward model's chat
-template, and the token ids that text becomes. The `reward_model` reward (rewards/reward_model.py)
-scores these ids, in process or served, and the `reward` stage (r1kit.stages.reward) trains on the
-very same ids.
+template, the token ids that text becomes, and the scores a model in this process gives them.
+The `reward_model` reward (rewards/reward_model.py) scores these ids, in process or served, and
+the `reward` stage (r1kit.stages.reward) trains on the very same ids and scores its held-out
+pairs with `scores`.
 
-Not here: scoring, training.
+Not here: served scoring (rewards/reward_model.py), training.
 """
 
 from __future__ import annotations
@@ -47,3 +48,15 @@ def encode(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
     too long; in process, served, and in r1kit's reward stage, which trains on these very ids."""
     special = not tokenizer.chat_template  # a chat template writes its own BOS
     return [tokenizer(t, truncation=True, max_length=max_length, add_special_tokens=special)["input_ids"] for t in texts]
+
+
+def scores(model, tokenizer, ids: list[list[int]], batch_size: int = 32) -> list[float]:
+    """`model`'s score (its one logit) for each sequence of `ids`, in batches, right-padded."""
+    import torch
+
+    out: list[float] = []
+    with torch.inference_mode():
+        for start in range(0, len(ids), batch_size):
+            enc = tokenizer.pad({"input_ids": ids[start : start + batch_size]}, return_tensors="pt").to(model.device)
+            out += model(**enc).logits[:, 0].float().tolist()
+    return out

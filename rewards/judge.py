@@ -309,7 +309,7 @@ def judge(
     if problem := check(settings):
         raise RewardError(f"judge: {problem}")
     if serve is not None:
-        raise RewardError("judge: serve starts a server for a grpo or rejection stage of a recipe; here give the url of a running one")
+        raise RewardError("judge: serve starts a server for a stage of a recipe (grpo, rejection, an eval's judge); here give the url of a running one")
     wording, own = template_of(template)
     rule = RULES[own or parse]
     reads = needed(wording, question_column, answer_column)

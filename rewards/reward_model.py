@@ -58,7 +58,7 @@ from r1kit.errors import RewardError
 from r1kit.hardware import has_gpu
 from r1kit.reward_registry import POSITIVE, REQUIRED
 from r1kit.sampling.base import Endpoint
-from r1kit.reward_text import encode, rendered, tokenizer_of
+from r1kit.reward_text import encode, rendered, scores, tokenizer_of
 from r1kit.stages import served_rewards
 from r1kit.sampling.endpoint import Client, EndpointError, _message, _threaded
 
@@ -108,16 +108,8 @@ def load(model: str):
 
 
 def scored_here(model: str, texts: list[str], batch_size: int, max_length: int) -> list[float]:
-    import torch
-
     tokenizer, rm = load(model)
-    ids = encode(tokenizer, texts, max_length)
-    scores: list[float] = []
-    with torch.inference_mode():
-        for start in range(0, len(ids), batch_size):
-            enc = tokenizer.pad({"input_ids": ids[start : start + batch_size]}, return_tensors="pt").to(rm.device)
-            scores += rm(**enc).logits[:, 0].float().tolist()
-    return scores
+    return scores(rm, tokenizer, encode(tokenizer, texts, max_length), batch_size)
 
 
 # ---- served ---------------------------------------------------------------------------------
@@ -236,18 +228,16 @@ def reward_model(
     if problem := check(settings):
         raise RewardError(f"reward_model: {problem}")
     if serve is not None:
-        raise RewardError("reward_model: serve starts a server for a grpo or rejection stage of a recipe; here give the url of a running one")
+        raise RewardError("reward_model: serve starts a server for a stage of a recipe (grpo, rejection, an eval's judge); here give the url of a running one")
     if not completions:
         return []
     texts = rendered(tokenizer_of(model), completions, text, columns.get(prompt_column) or [None] * len(completions))
     if url is None:
-        scores = scored_here(model, texts, batch_size, max_length)
+        raw = scored_here(model, texts, batch_size, max_length)
     else:
         urls = tuple(url) if isinstance(url, list) else (url,)
-        scores = scored_there(model, texts, batch_size, max_length, urls, served_name or model, api_key_env, concurrency)
-    if normalize == "sigmoid":
-        scores = [1.0 / (1.0 + math.exp(-s)) for s in scores]
-    return scores
+        raw = scored_there(model, texts, batch_size, max_length, urls, served_name or model, api_key_env, concurrency)
+    return [1.0 / (1.0 + math.exp(-s)) for s in raw] if normalize == "sigmoid" else raw
 
 
 reward_model.check = check

@@ -258,7 +258,8 @@ def test_an_eval_stage_with_a_judge_reports_the_judged_column(server, tiny_model
 
 @pytest.mark.parametrize("flag, says", [("{model: judge}", "--judge: reward 'judge': url: the judge's server"),
                                         ("{url: http://127.0.0.1:9/v1, model: judge, template: rubrik}", "--judge: reward 'judge': template: unknown"),
-                                        ("[1, 2]", "--judge: a mapping of the judge reward's parameters")])
+                                        ("[1, 2]", "--judge: a mapping of the judge reward's parameters"),
+                                        ("{serve: {model: m}}", "--judge: serve: r1kit starts a judge's server for an eval stage of a recipe")])
 def test_bad_judge_flags_are_one_line(tmp_path, capsys, flag, says):
     gen = tmp_path / "gen.jsonl"
     gen.write_text("")

@@ -92,22 +92,14 @@ def pairs(ctx: StageContext, tokenizer) -> tuple[list[dict], list[dict]]:
 
 def pair_accuracy(model, tokenizer, held_out: list[dict]) -> float | None:
     """The share of `held_out` pairs whose chosen response `model` scores above the rejected one."""
-    import torch
+    from r1kit.reward_text import scores
 
     if not held_out:
         return None
     model.eval()
-    right = 0
-    with torch.inference_mode():
-        for start in range(0, len(held_out), 32):
-            batch = held_out[start : start + 32]
-            scores = {}
-            for c in COLUMNS:
-                enc = tokenizer.pad({"input_ids": [p[f"{c}_ids"] for p in batch]}, return_tensors="pt").to(model.device)
-                scores[c] = model(**enc).logits[:, 0]
-            right += int((scores["chosen"] > scores["rejected"]).sum())
+    chosen, rejected = (scores(model, tokenizer, [p[f"{c}_ids"] for p in held_out]) for c in COLUMNS)
     model.train()
-    return right / len(held_out)
+    return sum(a > b for a, b in zip(chosen, rejected)) / len(held_out)
 
 
 def run(ctx: StageContext) -> StageResult:
