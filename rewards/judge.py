@@ -158,10 +158,9 @@ def check(params: dict) -> str | None:
             return problem
         if params["model"]:
             return "model: r1kit names the model it serves; give the model to serve as serve.model"
+        urls = ["http://127.0.0.1:1/v1"]  # the address of the server r1kit will start
     elif not params["model"]:
         return "model: name the model the judge's server serves (or serve: {model: ...} for r1kit to start one)"
-    if params.get("serve") is not None:
-        urls = ["http://127.0.0.1:1/v1"]  # the address of the server r1kit will start
     elif params["url"] is None:
         return "url: the judge's server, like http://127.0.0.1:8000/v1 (or serve: {model: ...} for r1kit to start one)"
     else:
@@ -309,7 +308,7 @@ def judge(
     if problem := check(settings):
         raise RewardError(f"judge: {problem}")
     if serve is not None:
-        raise RewardError("judge: serve starts a server for a stage of a recipe (grpo, rejection, an eval's judge); here give the url of a running one")
+        raise RewardError(f"judge: {served_rewards.OUTSIDE_A_STAGE}")
     wording, own = template_of(template)
     rule = RULES[own or parse]
     reads = needed(wording, question_column, answer_column)

@@ -228,7 +228,7 @@ def reward_model(
     if problem := check(settings):
         raise RewardError(f"reward_model: {problem}")
     if serve is not None:
-        raise RewardError("reward_model: serve starts a server for a stage of a recipe (grpo, rejection, an eval's judge); here give the url of a running one")
+        raise RewardError(f"reward_model: {served_rewards.OUTSIDE_A_STAGE}")
     if not completions:
         return []
     texts = rendered(tokenizer_of(model), completions, text, columns.get(prompt_column) or [None] * len(completions))

@@ -33,6 +33,8 @@ from typing import Any
 from r1kit.errors import RecipeError
 
 KEYS = ("model", "gpus", "options", "start_timeout")
+OUTSIDE_A_STAGE = "serve starts a server for a stage of a recipe (grpo, rejection, an eval's judge); here give the url of a running one"
+"""What a reward called with ``serve:`` outside a stage (``rewards score``, Python) says."""
 
 
 def problem(serve: Any, served_model: bool) -> str | None:
