@@ -173,7 +173,8 @@ def _check_lengths(recipe: Recipe, stage_registry) -> None:
 
 def _check_tiny(recipe: Recipe) -> None:
     """tiny_model and every tiny_models entry take only r1kit.offline.tiny.build_tiny_model's
-    arguments, in a shape it builds (r1kit.offline.tiny.shape_problem)."""
+    arguments (whole numbers of at least 1; `tool_vocab` true or false), in a shape it builds
+    (r1kit.offline.tiny.shape_problem)."""
     import inspect
 
     from r1kit.offline.tiny import build_tiny_model, shape_problem
@@ -183,7 +184,10 @@ def _check_tiny(recipe: Recipe) -> None:
         for key, value in args.items():
             if key not in allowed:
                 raise RecipeError(f"{where}: unknown key {key!r}{suggest(key, allowed)}; allowed: {', '.join(allowed)}")
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if key == "tool_vocab":
+                if not isinstance(value, bool):
+                    raise RecipeError(f"{where}.{key}: expected true or false, got {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise RecipeError(f"{where}.{key}: expected a whole number of at least 1, got {value!r}")
         defaults = {k: p.default for k, p in inspect.signature(build_tiny_model).parameters.items() if k in allowed}
         if problem := shape_problem(**{**defaults, **args}):

@@ -258,6 +258,34 @@ def test_a_template_without_tool_calls_is_refused(tok):
     assert template_problem(guess(), tok) is None
 
 
+def test_a_tokenizer_with_tool_vocab_spells_a_call_in_few_tokens_and_reads_it_back():
+    """`tool_vocab`: <tool_call> is one token and the call's JSON has merges, so a call takes a
+    third of the tokens; the template renders the same text and parses the call back; without it
+    the tokenizer is the one every other recipe uses, unchanged."""
+    from transformers.utils import get_json_schema
+    from trl.chat_template_utils import parse_response
+
+    from r1kit.environments.guess import Guess
+
+    tools = [get_json_schema(Guess.guess)]
+    chat = [{"role": "user", "content": "Find it."},
+            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "guess", "arguments": {"number": 4}}}]},
+            {"role": "tool", "name": "guess", "content": "higher"}]
+    plain, known = build_tokenizer(), build_tokenizer(vocab_size=512, tool_vocab=True)
+    text = plain.apply_chat_template(chat, tools=tools, tokenize=False)
+    assert known.apply_chat_template(chat, tools=tools, tokenize=False) == text
+    short, long = len(known(text)["input_ids"]), len(plain(text)["input_ids"])
+    assert short < 0.7 * long, (short, long)
+    assert known.convert_tokens_to_ids("<tool_call>") != known.unk_token_id
+    assert len(known("<tool_call>")["input_ids"]) == 1 and len(plain("<tool_call>")["input_ids"]) > 5
+    ids = known(call(6))["input_ids"]
+    assert known.decode(ids, skip_special_tokens=True) == call(6).replace("<|im_end|>", "")
+    prompt = known.apply_chat_template(chat, tools=tools, add_generation_prompt=True)
+    turn = parse_response(known, ids, prefix=prompt, tools=tools)
+    assert turn["tool_calls"][0]["function"] == {"name": "guess", "arguments": {"number": 6}}
+    assert "<tool_call>" not in plain.get_vocab() and len(plain) == 404
+
+
 def test_validate_refuses_in_one_line_with_exit_2(tmp_path, monkeypatch, capsys):
     from r1kit.cli import main
 

@@ -28,6 +28,8 @@ EVAL = {"name": "ev", "kind": "eval", "benchmarks": ["task:addition"], "max_toke
     ([EVAL], {"model": "tiny:small", "tiny_models": {"small": {"hidden_size": 32, "num_heads": 2}}},
      "tiny_models.small: hidden_size / num_heads must be a whole number of at least 32 (the head size), got 32 / 2"),
     ([EVAL], {"tiny_model": {"num_heads": 2, "num_kv_heads": 3, "hidden_size": 64}}, "tiny_model: num_heads must be a multiple of num_kv_heads"),
+    ([EVAL], {"tiny_model": {"tool_vocab": "yes"}}, "tiny_model.tool_vocab: expected true or false, got 'yes'"),
+    ([EVAL], {"tiny_model": {"vocab_size": True}}, "tiny_model.vocab_size: expected a whole number of at least 1, got True"),
     ([{**EVAL, "benchmarks": ["task:addition", "data/missing.jsonl"]}], {}, "ev.benchmarks[1]: no such file 'data/missing.jsonl'"),
     ([{**EVAL, "data_file": "copies/gpqa.jsonl"}], {}, "ev.data_file: no such file 'copies/gpqa.jsonl'"),
 ])

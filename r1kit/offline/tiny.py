@@ -30,6 +30,7 @@ QWEN2_SPLIT = (
 )
 TAGS = ["<think>", "</think>", "<answer>", "</answer>"]
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TOOL_TAGS = ["<tool_call>", "</tool_call>"]
 # Without tools the template renders what it always did; with tools it lists them one line each
 # (name, typed parameters, description: a few dozen tokens), an assistant's calls as
 # <tool_call>{"name": ..., "arguments": {...}}</tool_call> (Qwen's form) and the environment's
@@ -78,9 +79,29 @@ def _corpus(seed: int) -> list[str]:
     return lines
 
 
-def build_tokenizer(vocab_size: int = 400, seed: int = 0, extra: list[str] | None = None):
+def _tool_corpus(seed: int) -> list[str]:
+    """Function calls and tool lists as CHAT_TEMPLATE renders them, for a tokenizer that knows
+    tool calling: a few common tools, each with one typed argument."""
+    rng = random.Random(seed)
+    tools = [("guess", "number", "integer"), ("lookup", "key", "string"), ("search", "query", "string"),
+             ("add", "a", "integer"), ("get_weather", "city", "string"), ("move", "direction", "string"),
+             ("calculate", "expression", "string"), ("read_file", "path", "string")]
+    words = ["paris", "up", "left", "x + 1", "notes.txt", "tokyo", "apple"]
+    lines = []
+    for _ in range(300):
+        name, arg, kind = rng.choice(tools)
+        value = rng.randint(0, 99) if kind == "integer" else f'"{rng.choice(words)}"'
+        lines.append(f'<tool_call>{{"name": "{name}", "arguments": {{"{arg}": {value}}}}}</tool_call>')
+        lines.append(f"Tools:\n{name}({arg}: {kind}): Return the result.")
+    return lines
+
+
+def build_tokenizer(vocab_size: int = 400, seed: int = 0, extra: list[str] | None = None, tool_vocab: bool = False):
     """A byte-level BPE tokenizer with Qwen2's pre-tokenization, the R1 tags and a chat template,
-    trained on the built-in corpus and the texts of `extra`."""
+    trained on the built-in corpus and the texts of `extra`. With `tool_vocab` it also trains on
+    function calls (merges for their JSON) and has ``<tool_call>`` and ``</tool_call>`` as tokens,
+    as the tokenizers of tool-calling models do (Qwen2.5's); without it, a call is spelled out
+    nearly a character a token."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -99,7 +120,7 @@ def build_tokenizer(vocab_size: int = 400, seed: int = 0, extra: list[str] | Non
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(seed) + (extra or []), trainer=trainer)
+    tok.train_from_iterator(_corpus(seed) + (extra or []) + (_tool_corpus(seed) if tool_vocab else []), trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -107,7 +128,7 @@ def build_tokenizer(vocab_size: int = 400, seed: int = 0, extra: list[str] | Non
         bos_token=None,
         unk_token=None,
     )
-    fast.add_tokens(TAGS)  # plain tokens: they survive skip_special_tokens=True
+    fast.add_tokens(TAGS + (TOOL_TAGS if tool_vocab else []))  # plain tokens: they survive skip_special_tokens=True
     fast.chat_template = CHAT_TEMPLATE
     fast.response_template = RESPONSE_TEMPLATE
     return fast
@@ -124,12 +145,13 @@ def shape_problem(hidden_size: int = 64, num_heads: int = 2, num_kv_heads: int =
     return None
 
 
-def tiny_tokenizer(vocab_size: int = 400, seed: int = 0, pretrain_steps: int = 0, **model_args):
+def tiny_tokenizer(vocab_size: int = 400, seed: int = 0, pretrain_steps: int = 0, tool_vocab: bool = False, **model_args):
     """The tokenizer `build_tiny_model` gives a model built with these arguments (the others shape
     the model, not its tokenizer): known before the model is built."""
     from r1kit.offline import corpus
 
-    return build_tokenizer(vocab_size=vocab_size, seed=seed, extra=corpus.documents(2000, seed) if pretrain_steps else None)
+    extra = corpus.documents(2000, seed) if pretrain_steps else None
+    return build_tokenizer(vocab_size=vocab_size, seed=seed, extra=extra, tool_vocab=tool_vocab)
 
 
 def build_tiny_model(
@@ -143,13 +165,14 @@ def build_tiny_model(
     max_position_embeddings: int = 1024,
     pretrain_steps: int = 0,
     pretrain_batch_size: int = 64,
+    tool_vocab: bool = False,
     seed: int = 0,
 ) -> Path:
     """Build and save the tiny model and tokenizer into `out_dir`; returns it.
 
     With `pretrain_steps`, the model is then pretrained on r1kit.offline.corpus (a base model that has seen
     reasoning in free text; its tokenizer also learns from that corpus), `pretrain_batch_size`
-    documents a step."""
+    documents a step. `tool_vocab`: a tokenizer that knows function calls (build_tokenizer)."""
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
@@ -159,7 +182,7 @@ def build_tiny_model(
     if problem:
         raise ValueError(f"tiny model: {problem}")
     out_dir = Path(out_dir)
-    tokenizer = tiny_tokenizer(vocab_size, seed, pretrain_steps)
+    tokenizer = tiny_tokenizer(vocab_size, seed, pretrain_steps, tool_vocab)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
