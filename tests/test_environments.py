@@ -259,9 +259,9 @@ def test_a_template_without_tool_calls_is_refused(tok):
 
 
 def test_a_tokenizer_with_tool_vocab_spells_a_call_in_few_tokens_and_reads_it_back():
-    """`tool_vocab`: <tool_call> is one token and the call's JSON has merges, so a call takes a
-    third of the tokens; the template renders the same text and parses the call back; without it
-    the tokenizer is the one every other recipe uses, unchanged."""
+    """`tool_vocab`: <tool_call> is one token and the call's JSON has merges, so a call takes under
+    a third of the tokens (17, not 61); the template renders the same text and parses the call
+    back; without it the tokenizer is the one every other recipe uses, unchanged."""
     from transformers.utils import get_json_schema
     from trl.chat_template_utils import parse_response
 
@@ -279,6 +279,7 @@ def test_a_tokenizer_with_tool_vocab_spells_a_call_in_few_tokens_and_reads_it_ba
     assert known.convert_tokens_to_ids("<tool_call>") != known.unk_token_id
     assert len(known("<tool_call>")["input_ids"]) == 1 and len(plain("<tool_call>")["input_ids"]) > 5
     ids = known(call(6))["input_ids"]
+    assert 3 * len(ids) < len(plain(call(6))["input_ids"])
     assert known.decode(ids, skip_special_tokens=True) == call(6).replace("<|im_end|>", "")
     prompt = known.apply_chat_template(chat, tools=tools, add_generation_prompt=True)
     turn = parse_response(known, ids, prefix=prompt, tools=tools)
