@@ -44,9 +44,11 @@ PARENT = """
 import functools, os, subprocess, sys, time
 from r1kit import hardware
 child = '''
-import signal, sys, time
+import os, signal, sys, time
 def ended(*a):
-    open(sys.argv[1], "w").write("SIGTERM")
+    with open(sys.argv[1] + ".part", "w") as f:  # renamed whole: the test never reads it half-written
+        f.write("SIGTERM")
+    os.replace(sys.argv[1] + ".part", sys.argv[1])
     sys.exit(0)
 signal.signal(signal.SIGTERM, ended)
 print("ready", flush=True)
