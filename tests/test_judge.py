@@ -64,9 +64,11 @@ def test_a_batch_is_graded_and_an_unreadable_reply_is_none_and_counted(server, c
     assert scores == [1.0, 0.0, None, None, 1.0]  # no reference: None, and no request
     assert logged == [("judge/unparsed", 1.0)]  # TRL's figure in a grpo stage's metrics
     assert len(server.requests) == 4 and judge_module.counts == {"asked": 4, "cached": 0, "unparsed": 1}
-    sent = server.requests[0]
-    assert sent["path"] == "/v1/chat/completions" and sent["body"]["temperature"] == 0.0 and sent["body"]["max_tokens"] == 1024
-    assert "make 5" not in sent["prompt"][0]["content"] and "What is 2+2?" in sent["prompt"][0]["content"]  # the summary is judged
+    assert all(r["path"] == "/v1/chat/completions" and (r["body"]["temperature"], r["body"]["max_tokens"]) == (0.0, 1024)
+               for r in server.requests)
+    # the batch is asked concurrently: the first completion's request is the one about 2+2, in any order
+    sent = [r["prompt"][0]["content"] for r in server.requests if "What is 2+2?" in r["prompt"][0]["content"]]
+    assert len(sent) == 1 and "make 5" not in sent[0] and "The answer is 4." in sent[0]  # the summary is judged
     assert "judge: 1 of 4 replies have no verdict (scored None); the first ends: 'Hmm, hard to say.'" in caplog.text
 
 
