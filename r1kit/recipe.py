@@ -173,23 +173,23 @@ def _check_lengths(recipe: Recipe, stage_registry) -> None:
 
 def _check_tiny(recipe: Recipe) -> None:
     """tiny_model and every tiny_models entry take only r1kit.offline.tiny.build_tiny_model's
-    arguments (whole numbers of at least 1; `tool_vocab` true or false), in a shape it builds
-    (r1kit.offline.tiny.shape_problem)."""
+    arguments (whole numbers of at least 1; true or false where its default is), in a shape it
+    builds (r1kit.offline.tiny.shape_problem)."""
     import inspect
 
     from r1kit.offline.tiny import build_tiny_model, shape_problem
 
-    allowed = [p for p in inspect.signature(build_tiny_model).parameters if p not in ("out_dir", "seed")]
+    defaults = {k: p.default for k, p in inspect.signature(build_tiny_model).parameters.items() if k not in ("out_dir", "seed")}
+    allowed = list(defaults)
     for where, args in [("tiny_model", recipe.tiny_model), *((f"tiny_models.{n}", a) for n, a in recipe.tiny_models.items())]:
         for key, value in args.items():
             if key not in allowed:
                 raise RecipeError(f"{where}: unknown key {key!r}{suggest(key, allowed)}; allowed: {', '.join(allowed)}")
-            if key == "tool_vocab":
+            if isinstance(defaults[key], bool):
                 if not isinstance(value, bool):
                     raise RecipeError(f"{where}.{key}: expected true or false, got {value!r}")
             elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise RecipeError(f"{where}.{key}: expected a whole number of at least 1, got {value!r}")
-        defaults = {k: p.default for k, p in inspect.signature(build_tiny_model).parameters.items() if k in allowed}
         if problem := shape_problem(**{**defaults, **args}):
             raise RecipeError(f"{where}: {problem}")
 

@@ -83,14 +83,14 @@ def run(ctx: StageContext) -> StageResult:
     from transformers import AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    rows, answered = _training_rows(ctx)
+    rows, played = _training_rows(ctx)
     tokenizer = AutoTokenizer.from_pretrained(ctx.model)
-    if ctx.stage.trainer.get("assistant_only_loss", answered) and (problem := marks_problem(tokenizer)):
+    if ctx.stage.trainer.get("assistant_only_loss", played) and (problem := marks_problem(tokenizer)):
         why = "" if "assistant_only_loss" in ctx.stage.trainer else " (on by default: the conversations hold an environment's turns)"
         raise RecipeError(f"{ctx.stage.name}.trainer.assistant_only_loss{why}: {ctx.model}: {problem}")
-    if answered and "assistant_only_loss" not in ctx.stage.trainer:
+    if played and "assistant_only_loss" not in ctx.stage.trainer:
         log.info("%s: the conversations hold an environment's turns: training on the model's turns only", ctx.stage.name)
-    args = trainer_args(SFTConfig, ctx, **trainer_defaults(ctx.stage), **({"assistant_only_loss": True} if answered else {}))
+    args = trainer_args(SFTConfig, ctx, **trainer_defaults(ctx.stage), **({"assistant_only_loss": True} if played else {}))
     checkpoint = last_checkpoint(ctx)
     metrics_path = ctx.dir / "metrics.jsonl"
     callback = make_metrics_log(metrics_path, checkpoint_step(checkpoint) if checkpoint else None, ctx.is_main)
